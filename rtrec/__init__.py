@@ -1,0 +1,1 @@
+"""rtrec: the CLI, settings and local services that drive the pipeline packages."""

@@ -1,0 +1,28 @@
+"""The one entry point: `rtrec <group> <command>`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from rtrec.cli.demo import demo_command
+from rtrec.cli.produce import produce_group
+from rtrec.cli.services import services_group
+from rtrec.cli.topics import consume_command
+from rtrec.settings import load_settings
+
+
+@click.group()
+@click.option("--config", "config_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              envvar="RTREC_CONFIG", help="TOML settings file (env vars RTREC_* override it).")
+@click.pass_context
+def cli(ctx: click.Context, config_file: Path | None) -> None:
+    """Real-time recommender training pipeline."""
+    ctx.obj = load_settings(config_file)
+
+
+cli.add_command(services_group)
+cli.add_command(produce_group)
+cli.add_command(consume_command)
+cli.add_command(demo_command)

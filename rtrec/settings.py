@@ -1,0 +1,134 @@
+"""The one configuration object: env vars (prefix `RTREC_`, nested with `__`) over a TOML file.
+
+Only the CLI and `__main__` modules call `load_settings`; everything below receives `Settings`
+or one of its sections.
+
+>>> s = Settings()
+>>> s.kafka.topics.events
+'rtrec.interactions'
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rtrec"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServicesSettings(Section):
+    """Local Kafka and Redis processes started by `rtrec services up`."""
+
+    host: str = "127.0.0.1"
+    kafka_port: int = 19092
+    kafka_controller_port: int = 19093
+    kafka_heap: str = "512m"
+    redis_port: int = 16379
+    state_dir: Path = Field(default_factory=lambda: _default_cache_dir() / "state")
+    cache_dir: Path = Field(default_factory=_default_cache_dir)
+    start_timeout_s: float = 90.0
+    stop_timeout_s: float = 20.0
+
+    @property
+    def jars_dir(self) -> Path:
+        return self.cache_dir / "jars"
+
+
+class TopicSettings(Section):
+    events: str = "rtrec.interactions"
+    features: str = "rtrec.features"
+    samples: str = "rtrec.samples"
+    snapshots: str = "rtrec.snapshots"
+    dead_letter: str = "rtrec.dead-letter"
+
+
+class KafkaSettings(Section):
+    bootstrap_servers: str = "127.0.0.1:19092"
+    topics: TopicSettings = TopicSettings()
+    partitions: int = 2
+    linger_ms: int = 20
+    batch_size_bytes: int = 1_000_000
+    compression: str = "lz4"
+    consumer_poll_batch: int = 5000
+
+
+class RedisSettings(Section):
+    url: str = "redis://127.0.0.1:16379/0"
+    key_prefix: str = "rtrec"
+    ttl_s: int = 86_400
+
+
+class SyntheticSettings(Section):
+    """The demo's event generator (see rtrec/sources/synthetic.py for the model)."""
+
+    seed: int = 7
+    n_users: int = 2_000
+    n_items: int = 5_000
+    zipf_exponent: float = 1.1
+    latent_dim: int = 8
+    drift_per_hour: float = 0.5
+    base_ctr: float = 0.05
+    like_rate: float = 0.2
+    click_delay_mean_ms: int = 2_000
+    out_of_order_fraction: float = 0.02
+    out_of_order_max_ms: int = 2_000
+    events_per_second_event_time: float = 200.0
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="RTREC_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    services: ServicesSettings = ServicesSettings()
+    kafka: KafkaSettings = KafkaSettings()
+    redis: RedisSettings = RedisSettings()
+    synthetic: SyntheticSettings = SyntheticSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_file = settings_cls.model_config.get("toml_file")
+        sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
+        if toml_file:
+            sources += (TomlConfigSettingsSource(settings_cls, toml_file=toml_file),)
+        return sources
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: object) -> Settings:
+    """Settings from (highest first) `overrides`, `RTREC_*` env vars, then the TOML file.
+
+    The file is `config_file`, else `$RTREC_CONFIG`, else none.
+    """
+    path = config_file or os.environ.get("RTREC_CONFIG")
+    if not path:
+        return Settings(**overrides)
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist")
+
+    class _FileSettings(Settings):
+        model_config = SettingsConfigDict(toml_file=path)
+
+    return _FileSettings(**overrides)

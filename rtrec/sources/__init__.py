@@ -1,0 +1,1 @@
+"""Event sources for the interactions topic: the synthetic generator and log replay."""
