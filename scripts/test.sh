@@ -7,5 +7,6 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 .venv/bin/python -m ruff check .
-exec .venv/bin/python -m pytest -m "not benchmark" --doctest-modules "$@" \
-    tests schemas rtrec feature_store flink_jobs gpu_trainer
+packages=()
+for dir in schemas rtrec feature_store flink_jobs gpu_trainer; do [ -d "$dir" ] && packages+=("$dir"); done
+exec .venv/bin/python -m pytest -m "not benchmark" --doctest-modules "$@" tests "${packages[@]}"
