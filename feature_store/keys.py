@@ -1,0 +1,40 @@
+"""Redis key layout (pure).
+
+One hash per entity: `{prefix}:f:{entity_type}:{entity_id}`. Fields are `{horizon}s.{feature}`
+(e.g. `60s.clicks`) plus `{horizon}s.__we`, the end (epoch ms) of the window those values describe.
+A horizon's fields are only ever replaced together, by a window that ends later (newest wins).
+
+>>> entity_key("rtrec", "user", "u1")
+'rtrec:f:user:u1'
+>>> field_name(60, "ctr"), window_end_field(60)
+('60s.ctr', '60s.__we')
+>>> split_feature_name("600s.clicks")
+(600, 'clicks')
+"""
+
+from __future__ import annotations
+
+
+def entity_key(prefix: str, entity_type: str, entity_id: str) -> str:
+    return f"{prefix}:f:{entity_type}:{entity_id}"
+
+
+def field_name(horizon_s: int, feature: str) -> str:
+    return f"{horizon_s}s.{feature}"
+
+
+def window_end_field(horizon_s: int) -> str:
+    return f"{horizon_s}s.__we"
+
+
+def split_feature_name(name: str) -> tuple[int, str]:
+    """`'60s.ctr'` -> `(60, 'ctr')`; ValueError for anything else."""
+    horizon, sep, feature = name.partition(".")
+    if not sep or not horizon.endswith("s") or not horizon[:-1].isdigit() or not feature:
+        raise ValueError(f"feature name {name!r} is not '<horizon>s.<feature>', e.g. '60s.clicks'")
+    return int(horizon[:-1]), feature
+
+
+def model_pointer_key(prefix: str) -> str:
+    """Where the trainer publishes the current model version."""
+    return f"{prefix}:model:current"

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import pytest
+
+from feature_store.feature_set import names_for
+from feature_store.keys import entity_key
+from feature_store.redis_store import RedisFeatureStore
+from rtrec.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+
+def record(entity_id: str, window_end: int, clicks: int, horizon_s: int = 60, entity_type: str = "user") -> dict:
+    return {"entity_type": entity_type, "entity_id": entity_id, "horizon_s": horizon_s,
+            "window_start": window_end - horizon_s * 1000, "window_end": window_end, "impressions": 10,
+            "clicks": clicks, "likes": 0, "carts": 0, "orders": 0, "ctr": clicks / 10, "dwell_sum_ms": 0,
+            "dwell_mean_ms": 0.0, "distinct_counterparts": 3}
+
+
+@pytest.fixture
+def store(settings: Settings) -> RedisFeatureStore:
+    return RedisFeatureStore(settings.redis.url, settings.redis.key_prefix, ttl_s=600)
+
+
+def test_newest_window_wins_across_and_inside_batches(store: RedisFeatureStore) -> None:
+    assert store.write_batch([record("u1", 6000, 1), record("u1", 9000, 2), record("u1", 3000, 9)]) == 1
+    got = store.get_online_features("user", ["u1"], ["60s.clicks", "60s.ctr"])
+    assert got.values == [[2.0, 0.2]] and got.window_end_ms == [[9000, 9000]]
+    # A replay of older windows changes nothing; the same window again is an idempotent rewrite.
+    assert store.write_batch([record("u1", 6000, 5)]) == 0
+    assert store.write_batch([record("u1", 9000, 2)]) == 1
+    assert store.get_online_features("user", ["u1"], ["60s.clicks"]).values == [[2.0]]
+    assert store.write_batch([record("u1", 12000, 7)]) == 1
+    assert store.get_online_features("user", ["u1"], ["60s.clicks"]).values == [[7.0]]
+
+
+def test_horizons_are_independent_and_unknowns_are_none(store: RedisFeatureStore) -> None:
+    store.write_batch([record("u2", 9000, 1, horizon_s=60), record("u2", 6000, 4, horizon_s=600)])
+    got = store.get_online_features("user", ["u2", "nobody"], ["60s.clicks", "600s.clicks"])
+    assert got.values == [[1.0, 4.0], [None, None]]
+    assert got.window_end_ms == [[9000, 6000], [None, None]]
+    assert len(names_for("user")) == 10
+
+
+def test_ttl_is_set_per_key(store: RedisFeatureStore, settings: Settings) -> None:
+    store.write_batch([record("u3", 9000, 1)])
+    ttl = store.client.ttl(entity_key(settings.redis.key_prefix, "user", "u3"))
+    assert 0 < ttl <= 600
+
+
+def test_bad_feature_name_is_a_clear_error(store: RedisFeatureStore) -> None:
+    with pytest.raises(ValueError, match="is not '<horizon>s.<feature>'"):
+        store.get_online_features("user", ["u1"], ["clicks"])
