@@ -90,6 +90,37 @@ class SyntheticSettings(Section):
     events_per_second_event_time: float = 200.0
 
 
+class TrainerSettings(Section):
+    """The incremental trainer (gpu_trainer/)."""
+
+    group_id: str = "rtrec-trainer"
+    model: str = "mf"  # "mf" or "deepfm"
+    embedding_dim: int = 32
+    user_buckets: int = 1 << 18
+    item_buckets: int = 1 << 18
+    hidden_dims: tuple[int, ...] = (128, 64)
+    batch_size: int = 4096
+    batch_timeout_ms: int = 500
+    lr: float = 0.01
+    dense_lr: float = 0.001
+    ema_enabled: bool = True
+    ema_momentum: float = 0.9
+    ewc_enabled: bool = True
+    ewc_lambda: float = 1.0
+    ewc_fisher_momentum: float = 0.9
+    ewc_consolidation_decay: float = 0.9
+    eval_window: int = 20_000
+    snapshot_every_s: float = 10.0
+    snapshot_every_samples: int = 100_000
+    snapshot_dir: Path = Field(default_factory=lambda: _default_cache_dir() / "snapshots")
+    keep_last: int = 5
+    promotion_margin: float = 0.02
+    metrics_port: int = 0  # 0: no Prometheus endpoint
+    device: str = "auto"  # "auto", "cpu", "cuda"
+    amp: str = "auto"  # "auto" (bf16 on CUDA), "bf16", "fp16", "off"
+    seed: int = 0
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="RTREC_", env_nested_delimiter="__", extra="forbid", frozen=True
@@ -99,6 +130,7 @@ class Settings(BaseSettings):
     kafka: KafkaSettings = KafkaSettings()
     redis: RedisSettings = RedisSettings()
     synthetic: SyntheticSettings = SyntheticSettings()
+    trainer: TrainerSettings = TrainerSettings()
 
     @classmethod
     def settings_customise_sources(

@@ -7,9 +7,11 @@ from pathlib import Path
 import click
 
 from rtrec.cli.demo import demo_command
+from rtrec.cli.model import model_group
 from rtrec.cli.produce import produce_group
 from rtrec.cli.services import services_group
 from rtrec.cli.topics import consume_command
+from rtrec.cli.train import train_group
 from rtrec.settings import load_settings
 
 
@@ -26,3 +28,5 @@ cli.add_command(services_group)
 cli.add_command(produce_group)
 cli.add_command(consume_command)
 cli.add_command(demo_command)
+cli.add_command(train_group)
+cli.add_command(model_group)

@@ -1,0 +1,1 @@
+"""The incremental trainer: Kafka micro-batches -> PyTorch -> versioned snapshots."""

@@ -1,0 +1,98 @@
+"""A typed micro-batch and its bulk construction from decoded TrainingSample records."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+# Fixed 16-byte key: bucket ids must be the same in every process (training, scoring, ONNX callers).
+_HASH_KEY = "rtrec-id-hash-01"
+
+
+def hash_ids(ids: Sequence[str] | np.ndarray) -> np.ndarray:
+    """Stable 64-bit hashes of string ids, vectorised (SipHash via pandas).
+
+    >>> int(hash_ids(["u1"])[0]) == int(hash_ids(np.array(["u1"], dtype=object))[0])
+    True
+    """
+    return pd.util.hash_array(np.asarray(ids, dtype=object), hash_key=_HASH_KEY, categorize=True)
+
+
+def bucket(ids: Sequence[str] | np.ndarray, n_buckets: int) -> np.ndarray:
+    return (hash_ids(ids) % np.uint64(n_buckets)).astype(np.int64)
+
+
+@dataclass
+class Batch:
+    user_idx: torch.Tensor  # int64 [B]
+    item_idx: torch.Tensor  # int64 [B]
+    dense: torch.Tensor  # float32 [B, F]
+    label: torch.Tensor  # float32 [B]
+    event_time_ms: torch.Tensor  # int64 [B]
+    sample_hash: np.ndarray  # uint64 [B], for the trained-set digest
+
+    def __len__(self) -> int:
+        return int(self.label.shape[0])
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> Batch:
+        if device.type == "cuda":
+            move = {k: getattr(self, k).pin_memory().to(device, non_blocking=non_blocking)
+                    for k in ("user_idx", "item_idx", "dense", "label")}
+        else:
+            move = {k: getattr(self, k).to(device) for k in ("user_idx", "item_idx", "dense", "label")}
+        return Batch(**move, event_time_ms=self.event_time_ms, sample_hash=self.sample_hash)
+
+
+_COLUMN_FIELDS = ("sample_id", "user_id", "item_id", "features", "feature_len", "label", "event_time_ms",
+                  "feature_set")
+
+
+@dataclass
+class Columns:
+    """Column arrays of a set of samples, before hashing into buckets."""
+
+    sample_id: np.ndarray
+    user_id: np.ndarray
+    item_id: np.ndarray
+    features: np.ndarray  # float32 [B, F]; rows shorter than F are zero-padded
+    feature_len: np.ndarray  # int64 [B], each record's own feature count
+    label: np.ndarray
+    event_time_ms: np.ndarray
+    feature_set: np.ndarray
+
+    @classmethod
+    def from_records(cls, records: Sequence[dict[str, Any]]) -> Columns:
+        frame = pd.DataFrame.from_records(records, columns=["sample_id", "user_id", "item_id", "features", "label",
+                                                            "event_time", "feature_set"])
+        lengths = frame["features"].map(len).to_numpy(np.int64)
+        width = int(lengths.max()) if len(lengths) else 0
+        if len(frame) and (lengths == width).all():
+            features = np.asarray(np.stack(frame["features"].to_numpy()), dtype=np.float32).reshape(len(frame), width)
+        else:
+            features = np.zeros((len(frame), width), dtype=np.float32)
+            for i, row in enumerate(frame["features"]):  # ragged input only; such rows get rejected by length
+                features[i, : len(row)] = row
+        return cls(frame["sample_id"].to_numpy(), frame["user_id"].to_numpy(), frame["item_id"].to_numpy(),
+                   features, lengths, frame["label"].to_numpy(dtype=np.float32),
+                   frame["event_time"].to_numpy(np.int64), frame["feature_set"].to_numpy())
+
+    def __len__(self) -> int:
+        return len(self.label)
+
+    def select(self, mask: np.ndarray) -> Columns:
+        return Columns(*(getattr(self, f)[mask] for f in _COLUMN_FIELDS))
+
+    def to_batch(self, user_buckets: int, item_buckets: int) -> Batch:
+        return Batch(
+            user_idx=torch.from_numpy(bucket(self.user_id, user_buckets)),
+            item_idx=torch.from_numpy(bucket(self.item_id, item_buckets)),
+            dense=torch.from_numpy(np.ascontiguousarray(self.features, dtype=np.float32)),
+            label=torch.from_numpy(np.ascontiguousarray(self.label, dtype=np.float32)),
+            event_time_ms=torch.from_numpy(self.event_time_ms),
+            sample_hash=hash_ids(self.sample_id),
+        )

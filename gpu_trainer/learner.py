@@ -1,0 +1,125 @@
+"""One model learning incrementally: `step(batch)` scores the batch (prequential), then learns from it.
+
+Order inside a step: forward -> record prequential metrics -> skip on a non-finite loss ->
+backward -> Fisher estimate from the data-loss gradient -> EWC penalty gradient -> optimiser step ->
+EMA of the touched rows. The published weights are the EMA when it is on, else the trained weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from gpu_trainer.batch import Batch
+from gpu_trainer.device import amp_dtype, pick_device
+from gpu_trainer.metrics import Prequential
+from gpu_trainer.models import build_model, sparse_tables
+from gpu_trainer.updates.ema import EMA
+from gpu_trainer.updates.ewc import OnlineEWC
+from rtrec.settings import TrainerSettings
+
+
+def model_config(cfg: TrainerSettings, n_dense: int) -> dict[str, Any]:
+    config: dict[str, Any] = {"user_buckets": cfg.user_buckets, "item_buckets": cfg.item_buckets,
+                              "n_dense": n_dense, "embedding_dim": cfg.embedding_dim}
+    if cfg.model == "deepfm":
+        config["hidden_dims"] = list(cfg.hidden_dims)
+    return config
+
+
+@dataclass
+class StepResult:
+    loss: float
+    trained: bool
+
+
+class Learner:
+    def __init__(self, cfg: TrainerSettings, n_dense: int, device: torch.device | None = None) -> None:
+        torch.manual_seed(cfg.seed)
+        self.cfg = cfg
+        self.device = device or pick_device(cfg.device)
+        self.amp = amp_dtype(self.device, cfg.amp)
+        self.model_name = cfg.model
+        self.config = model_config(cfg, n_dense)
+        self.model: nn.Module = build_model(cfg.model, self.config).to(self.device)
+        self.tables = sparse_tables(self.model)
+        self.params = dict(self.model.named_parameters())
+        sparse = [p for n, p in self.params.items() if n in self.tables]
+        dense = [p for n, p in self.params.items() if n not in self.tables]
+        self.optimizers: list[torch.optim.Optimizer] = [torch.optim.SparseAdam(sparse, lr=cfg.lr)]
+        if dense:
+            self.optimizers.append(torch.optim.Adam(dense, lr=cfg.dense_lr))
+        names = set(self.tables)
+        self.ema = EMA(self.params, cfg.ema_momentum, names) if cfg.ema_enabled else None
+        self.ewc = (OnlineEWC(self.params, cfg.ewc_lambda, cfg.ewc_fisher_momentum, cfg.ewc_consolidation_decay,
+                              names) if cfg.ewc_enabled else None)
+        self.prequential = Prequential(cfg.eval_window)
+        self.loss_fn = nn.BCEWithLogitsLoss()
+        self.samples_trained = 0
+        self.non_finite_batches = 0
+        self.sample_digest = 0  # sum of trained sample-id hashes mod 2**64: proves which samples, once each
+
+    def _touched_rows(self, batch: Batch) -> dict[str, torch.Tensor]:
+        users, items = torch.unique(batch.user_idx), torch.unique(batch.item_idx)
+        return {n: (users if n.startswith("user") else items) for n in self.tables}
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        with torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
+            return self.model(batch.user_idx, batch.item_idx, batch.dense).float()
+
+    def step(self, batch: Batch) -> StepResult:
+        batch = batch.to(self.device, non_blocking=True)
+        self.model.train()
+        logits = self.forward(batch)
+        loss = self.loss_fn(logits, batch.label)
+        probs = torch.sigmoid(logits.detach()).cpu().numpy().astype(np.float64)
+        self.prequential.update(probs, batch.label.cpu().numpy(), int(batch.event_time_ms.max()))
+        if not torch.isfinite(loss):
+            self.non_finite_batches += 1
+            return StepResult(float("nan"), trained=False)
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.ewc is not None:
+            self.ewc.observe({n: p.grad for n, p in self.params.items()}, batch_size=len(batch))
+            self.ewc.add_penalty_grad(self.params)
+        for opt in self.optimizers:
+            opt.step()
+        if self.ema is not None:
+            self.ema.update(self.params, self._touched_rows(batch))
+        self.samples_trained += len(batch)
+        self.sample_digest = (self.sample_digest + int(batch.sample_hash.sum(dtype=np.uint64))) % 2**64
+        return StepResult(float(loss.detach()), trained=True)
+
+    def published_state(self) -> dict[str, torch.Tensor]:
+        return dict(self.ema.shadow) if self.ema is not None else {n: p.detach() for n, p in self.params.items()}
+
+    def consolidate(self) -> None:
+        if self.ewc is not None:
+            self.ewc.consolidate(self.params)
+
+    def weights_are_finite(self) -> bool:
+        return all(bool(torch.isfinite(t).all()) for t in [*self.params.values(), *self.published_state().values()])
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """Everything needed to resume: trained and published weights, EWC anchor and Fisher."""
+        out = {f"trained/{n}": p.detach().cpu().numpy() for n, p in self.params.items()}
+        out.update({f"published/{n}": t.cpu().numpy() for n, t in self.published_state().items()})
+        if self.ewc is not None:
+            out.update({f"ewc_fisher/{n}": t.cpu().numpy() for n, t in self.ewc.fisher.items()})
+            out.update({f"ewc_anchor/{n}": t.cpu().numpy() for n, t in self.ewc.anchor.items()})
+        return out
+
+    @torch.no_grad()
+    def load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        for n, p in self.params.items():
+            p.copy_(torch.from_numpy(arrays[f"trained/{n}"]))
+        if self.ema is not None:
+            self.ema.load({n: torch.from_numpy(arrays[f"published/{n}"]) for n in self.params})
+        if self.ewc is not None and f"ewc_fisher/{next(iter(self.params))}" in arrays:
+            self.ewc.load({n: torch.from_numpy(arrays[f"ewc_fisher/{n}"]) for n in self.params},
+                          {n: torch.from_numpy(arrays[f"ewc_anchor/{n}"]) for n in self.params})

@@ -1,0 +1,71 @@
+"""Prequential (test-then-train) evaluation: each batch is scored before the model learns from it.
+
+>>> import numpy as np
+>>> round(auc(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1])), 3)
+0.75
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+def auc(scores: np.ndarray, labels: np.ndarray) -> float | None:
+    """ROC AUC by the rank-sum (Mann-Whitney) formula, ties averaged; None with one class only."""
+    labels = labels.astype(bool)
+    n_pos = int(labels.sum())
+    n_neg = len(labels) - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return None
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(len(scores), dtype=np.float64)
+    sorted_scores = scores[order]
+    # average ranks over ties
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_scores)) + 1]
+    ends = np.r_[starts[1:], len(scores)]
+    avg = (starts + ends + 1) / 2.0
+    ranks[order] = np.repeat(avg, ends - starts)
+    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def logloss(probs: np.ndarray, labels: np.ndarray) -> float:
+    p = np.clip(probs, 1e-7, 1 - 1e-7)
+    return float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
+
+
+@dataclass
+class Prequential:
+    """Rolling-window AUC and logloss over the last `window` predictions, plus a history per batch."""
+
+    window: int = 20_000
+    _probs: np.ndarray = field(init=False)
+    _labels: np.ndarray = field(init=False)
+    _n: int = field(default=0, init=False)
+    history: list[dict[str, float | int | None]] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        self._probs = np.zeros(self.window, dtype=np.float64)
+        self._labels = np.zeros(self.window, dtype=np.float64)
+
+    def update(self, probs: np.ndarray, labels: np.ndarray, at_ms: int | None = None) -> None:
+        k = len(probs)
+        if k >= self.window:
+            probs, labels, k = probs[-self.window:], labels[-self.window:], self.window
+        idx = (self._n + np.arange(k)) % self.window
+        self._probs[idx], self._labels[idx] = probs, labels
+        self._n += k
+        self.history.append({"samples": self._n, "at_ms": at_ms, "auc": self.auc(), "logloss": self.logloss(),
+                             "batch_auc": auc(probs, labels)})
+
+    def _filled(self) -> tuple[np.ndarray, np.ndarray]:
+        n = min(self._n, self.window)
+        return self._probs[:n], self._labels[:n]
+
+    def auc(self) -> float | None:
+        return auc(*self._filled())
+
+    def logloss(self) -> float | None:
+        probs, labels = self._filled()
+        return logloss(probs, labels) if len(probs) else None

@@ -1,0 +1,28 @@
+"""Matrix factorisation with biases and a linear term over the dense window features."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gpu_trainer.models.common import signed_log1p
+
+
+class IncrementalMF(nn.Module):
+    def __init__(self, user_buckets: int, item_buckets: int, n_dense: int, embedding_dim: int = 32,
+                 init_std: float = 0.01) -> None:
+        super().__init__()
+        self.user = nn.Embedding(user_buckets, embedding_dim, sparse=True)
+        self.item = nn.Embedding(item_buckets, embedding_dim, sparse=True)
+        self.user_bias = nn.Embedding(user_buckets, 1, sparse=True)
+        self.item_bias = nn.Embedding(item_buckets, 1, sparse=True)
+        self.dense = nn.Linear(n_dense, 1)
+        for table in (self.user, self.item):
+            nn.init.normal_(table.weight, std=init_std)
+        for table in (self.user_bias, self.item_bias):
+            nn.init.zeros_(table.weight)
+
+    def forward(self, user_idx: torch.Tensor, item_idx: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        interaction = (self.user(user_idx) * self.item(item_idx)).sum(-1)
+        biases = self.user_bias(user_idx).squeeze(-1) + self.item_bias(item_idx).squeeze(-1)
+        return interaction + biases + self.dense(signed_log1p(dense)).squeeze(-1)

@@ -1,0 +1,61 @@
+"""Which snapshot is current: a version pointer in Redis beside the snapshots on disk."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+
+from feature_store.keys import model_pointer_key
+from gpu_trainer.snapshots import SnapshotError, SnapshotStore
+
+
+@dataclass
+class SnapshotRow:
+    version: int
+    created_at: int
+    samples_seen: int
+    auc: float | None
+    logloss: float | None
+    promoted: bool
+    current: bool
+
+
+class ModelRegistry:
+    def __init__(self, store: SnapshotStore, redis_url: str, key_prefix: str) -> None:
+        self.store = store
+        self.key = model_pointer_key(key_prefix)
+        self._url = redis_url
+        self._client: redis.Redis | None = None
+
+    @property
+    def client(self) -> redis.Redis:
+        if self._client is None:
+            self._client = redis.Redis.from_url(self._url)
+        return self._client
+
+    def current_version(self) -> int | None:
+        raw = self.client.get(self.key)
+        return None if raw is None else int(raw)
+
+    def set_current(self, version: int) -> None:
+        self.client.set(self.key, version)
+
+    def rollback(self, to_version: int) -> int | None:
+        """Points `current` at an existing, intact snapshot; returns the previous current version."""
+        self.store.load(to_version)  # raises SnapshotError when missing or corrupted
+        previous = self.current_version()
+        self.set_current(to_version)
+        return previous
+
+    def rows(self) -> list[SnapshotRow]:
+        current = self.current_version()
+        out = []
+        for v in self.store.versions():
+            try:
+                m = self.store.manifest(v)
+            except SnapshotError:
+                continue
+            out.append(SnapshotRow(v, m.created_at, m.samples_seen, m.metrics.get("auc"), m.metrics.get("logloss"),
+                                   m.promoted, v == current))
+        return out

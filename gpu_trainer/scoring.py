@@ -1,0 +1,72 @@
+"""Scoring with the current snapshot: verified weights, features from the online store."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from feature_store.base import FeatureReader
+from feature_store.feature_set import FEATURE_NAMES, names_for
+from gpu_trainer.batch import bucket
+from gpu_trainer.models import build_model
+from gpu_trainer.registry import ModelRegistry
+from gpu_trainer.snapshots import Manifest, SnapshotError, SnapshotStore
+
+
+@dataclass
+class LoadedModel:
+    manifest: Manifest
+    model: nn.Module
+
+    @property
+    def user_buckets(self) -> int:
+        return int(self.manifest.model_config["user_buckets"])
+
+    @property
+    def item_buckets(self) -> int:
+        return int(self.manifest.model_config["item_buckets"])
+
+    @torch.no_grad()
+    def score_arrays(self, user_ids: Sequence[str], item_ids: Sequence[str], dense: np.ndarray) -> np.ndarray:
+        """Click probabilities for aligned (user, item, dense features) rows."""
+        self.model.eval()
+        logits = self.model(torch.from_numpy(bucket(user_ids, self.user_buckets)),
+                            torch.from_numpy(bucket(item_ids, self.item_buckets)),
+                            torch.from_numpy(np.asarray(dense, dtype=np.float32)))
+        return torch.sigmoid(logits).numpy()
+
+
+def load_snapshot(store: SnapshotStore, version: int) -> LoadedModel:
+    """The published (EMA) weights of one snapshot, after its sha256 check."""
+    manifest, arrays = store.load(version)
+    model = build_model(manifest.model_name, manifest.model_config)
+    state = {name[len("published/"):]: torch.from_numpy(a) for name, a in arrays.items()
+             if name.startswith("published/")}
+    model.load_state_dict(state)
+    return LoadedModel(manifest, model)
+
+
+def load_current(registry: ModelRegistry) -> LoadedModel:
+    version = registry.current_version()
+    if version is None:
+        raise SnapshotError("no current model: the trainer has not promoted a snapshot yet")
+    return load_snapshot(registry.store, version)
+
+
+def feature_matrix(reader: FeatureReader, user_id: str, item_ids: Sequence[str]) -> np.ndarray:
+    """Rows in FEATURE_NAMES order: the user's features repeated, then each item's; unknown -> 0."""
+    user = reader.get_online_features("user", [user_id], names_for("user"))
+    items = reader.get_online_features("item", list(item_ids), names_for("item"))
+    user_row = [v or 0.0 for v in user.values[0]]
+    rows = [user_row + [v or 0.0 for v in item_values] for item_values in items.values]
+    matrix = np.asarray(rows, dtype=np.float32).reshape(len(item_ids), len(FEATURE_NAMES))
+    return matrix
+
+
+def score(loaded: LoadedModel, reader: FeatureReader, user_id: str, item_ids: Sequence[str]) -> list[float]:
+    dense = feature_matrix(reader, user_id, item_ids)
+    return loaded.score_arrays([user_id] * len(item_ids), list(item_ids), dense).tolist()

@@ -1,0 +1,142 @@
+"""Versioned snapshots on disk, the current-version pointer, promotion and retention.
+
+Layout: `<snapshot_dir>/v000042/` holding `weights.npz` (numpy arrays, loaded with
+allow_pickle=False: loading runs no code) and `manifest.json` (version, parent, created_at, the
+Kafka offsets consumed, samples seen, metrics, model config, sha256 of each file). A snapshot
+directory appears atomically (written under a temporary name, then renamed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+WEIGHTS = "weights.npz"
+MANIFEST = "manifest.json"
+
+
+class SnapshotError(RuntimeError):
+    pass
+
+
+@dataclass
+class Manifest:
+    version: int
+    parent: int | None
+    created_at: int  # epoch ms
+    model_name: str
+    model_config: dict[str, Any]
+    feature_set: str
+    offsets: list[dict[str, Any]]  # [{"topic", "partition", "offset"}], offset = next to consume
+    samples_seen: int
+    sample_digest: str
+    dead_lettered: int
+    metrics: dict[str, float | None]
+    newest_event_ms: int | None
+    promoted: bool
+    files: dict[str, str] = field(default_factory=dict)  # name -> sha256
+
+    def offsets_by_partition(self) -> dict[tuple[str, int], int]:
+        return {(o["topic"], int(o["partition"])): int(o["offset"]) for o in self.offsets}
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class SnapshotStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, version: int) -> Path:
+        return self.root / f"v{version:06d}"
+
+    def versions(self) -> list[int]:
+        if not self.root.is_dir():
+            return []
+        found = []
+        for p in self.root.iterdir():
+            if p.name.startswith("v") and p.name[1:].isdigit() and (p / MANIFEST).is_file():
+                found.append(int(p.name[1:]))
+        return sorted(found)
+
+    def latest_version(self) -> int | None:
+        versions = self.versions()
+        return versions[-1] if versions else None
+
+    def write(self, manifest: Manifest, arrays: dict[str, np.ndarray]) -> Path:
+        """Writes weights then manifest under a temporary name, fsyncs, and renames into place."""
+        final = self.path(manifest.version)
+        if final.exists():
+            raise SnapshotError(f"snapshot v{manifest.version} already exists in {self.root}")
+        tmp = self.root / f".tmp-v{manifest.version:06d}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        with open(tmp / WEIGHTS, "wb") as fh:
+            np.savez(fh, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        manifest.files = {WEIGHTS: sha256_file(tmp / WEIGHTS)}
+        with open(tmp / MANIFEST, "w") as fh:
+            json.dump(asdict(manifest), fh, indent=2, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.rename(final)
+        return final
+
+    def manifest(self, version: int) -> Manifest:
+        path = self.path(version) / MANIFEST
+        if not path.is_file():
+            raise SnapshotError(f"no snapshot v{version} in {self.root}")
+        return Manifest(**json.loads(path.read_text()))
+
+    def manifest_sha256(self, version: int) -> str:
+        return sha256_file(self.path(version) / MANIFEST)
+
+    def load(self, version: int) -> tuple[Manifest, dict[str, np.ndarray]]:
+        """The manifest and arrays, after checking every file's sha256."""
+        manifest = self.manifest(version)
+        for name, expected in manifest.files.items():
+            actual = sha256_file(self.path(version) / name)
+            if actual != expected:
+                raise SnapshotError(f"snapshot v{version}: {name} has sha256 {actual}, manifest says {expected}")
+        with np.load(self.path(version) / WEIGHTS, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        return manifest, arrays
+
+    def prune(self, keep_last: int, keep: set[int]) -> list[int]:
+        """Deletes all but the newest `keep_last` and those in `keep` (the current one)."""
+        versions = self.versions()
+        doomed = [v for v in versions[:-keep_last] if v not in keep] if keep_last > 0 else []
+        for v in doomed:
+            shutil.rmtree(self.path(v), ignore_errors=True)
+        return doomed
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def should_promote(candidate_auc: float | None, current_auc: float | None, margin: float) -> bool:
+    """Metric gate: keep but do not promote a snapshot whose AUC falls more than `margin` below.
+
+    >>> should_promote(0.70, 0.75, 0.02), should_promote(0.74, 0.75, 0.02), should_promote(None, 0.7, 0.02)
+    (False, True, False)
+    """
+    if current_auc is None:
+        return True
+    if candidate_auc is None:
+        return False
+    return candidate_auc >= current_auc - margin

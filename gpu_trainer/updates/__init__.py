@@ -1,0 +1,1 @@
+"""Incremental-update maths (no Kafka, no I/O): EMA of weights and online EWC."""

@@ -1,0 +1,81 @@
+"""`rtrec model list|rollback|score|export-onnx`."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+
+from feature_store.redis_store import RedisFeatureStore
+from gpu_trainer.onnx_export import export_onnx
+from gpu_trainer.registry import ModelRegistry
+from gpu_trainer.scoring import load_current, load_snapshot, score
+from gpu_trainer.snapshots import SnapshotError, SnapshotStore
+from rtrec.settings import Settings
+
+
+def _registry(settings: Settings) -> ModelRegistry:
+    return ModelRegistry(SnapshotStore(settings.trainer.snapshot_dir), settings.redis.url, settings.redis.key_prefix)
+
+
+@click.group("model")
+def model_group() -> None:
+    """Model snapshots: list, roll back, score, export."""
+
+
+@model_group.command("list")
+@click.pass_obj
+def list_snapshots(settings: Settings) -> None:
+    """Every kept snapshot; `*` marks the current one."""
+    click.echo(f"{'':2}{'version':>8} {'created (UTC)':20} {'samples':>10} {'auc':>7} {'logloss':>8} promoted")
+    for r in _registry(settings).rows():
+        created = datetime.fromtimestamp(r.created_at / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+        auc = f"{r.auc:.4f}" if r.auc is not None else "-"
+        loss = f"{r.logloss:.4f}" if r.logloss is not None else "-"
+        click.echo(f"{'*' if r.current else '':2}{r.version:>8} {created:20} {r.samples_seen:>10} {auc:>7} "
+                   f"{loss:>8} {'yes' if r.promoted else 'no'}")
+
+
+@model_group.command("rollback")
+@click.option("--to", "to_version", type=int, required=True)
+@click.pass_obj
+def rollback(settings: Settings, to_version: int) -> None:
+    """Make snapshot V the current model (its files are verified first)."""
+    try:
+        previous = _registry(settings).rollback(to_version)
+    except SnapshotError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"current model: v{to_version} (was v{previous})")
+
+
+@model_group.command("score")
+@click.option("--user", required=True)
+@click.option("--items", required=True, help="Comma-separated item ids.")
+@click.pass_obj
+def score_items(settings: Settings, user: str, items: str) -> None:
+    """Score items for a user with the current snapshot and the online features."""
+    item_ids = [i.strip() for i in items.split(",") if i.strip()]
+    try:
+        loaded = load_current(_registry(settings))
+    except SnapshotError as exc:
+        raise click.ClickException(str(exc)) from exc
+    reader = RedisFeatureStore(settings.redis.url, settings.redis.key_prefix, settings.redis.ttl_s)
+    scores = score(loaded, reader, user, item_ids)
+    click.echo(f"model v{loaded.manifest.version}")
+    for item, s in sorted(zip(item_ids, scores, strict=True), key=lambda p: -p[1]):
+        click.echo(f"{item}\t{s:.6f}")
+
+
+@model_group.command("export-onnx")
+@click.option("--version", "version", type=int, default=None, help="Default: the current snapshot.")
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), required=True)
+@click.pass_obj
+def export(settings: Settings, version: int | None, output: Path) -> None:
+    """Write the snapshot's model as ONNX (inputs user_idx, item_idx, dense; output probability)."""
+    registry = _registry(settings)
+    try:
+        loaded = load_snapshot(registry.store, version) if version is not None else load_current(registry)
+    except SnapshotError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"wrote {export_onnx(loaded, output)} from v{loaded.manifest.version}")

@@ -1,0 +1,30 @@
+"""`rtrec train run`."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from gpu_trainer.loop import TrainerService
+from rtrec.settings import Settings
+
+
+@click.group("train")
+def train_group() -> None:
+    """The incremental trainer service."""
+
+
+@train_group.command("run")
+@click.option("--max-samples", type=int, default=None, help="Stop after this many samples in total.")
+@click.option("--idle-exit", "idle_exit_s", type=float, default=None, help="Stop after N seconds without input.")
+@click.option("--model", type=click.Choice(["mf", "deepfm"]), default=None, help="Overrides trainer.model.")
+@click.pass_obj
+def run(settings: Settings, max_samples: int | None, idle_exit_s: float | None, model: str | None) -> None:
+    """Consume training samples, train incrementally, publish snapshots (Ctrl-C: final snapshot, exit)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if model:
+        settings = settings.model_copy(update={"trainer": settings.trainer.model_copy(update={"model": model})})
+    summary = TrainerService(settings).run(max_samples=max_samples, idle_exit_s=idle_exit_s)
+    click.echo(f"trained {summary.samples_trained} samples, dead-lettered {summary.dead_lettered}, "
+               f"snapshots {summary.snapshots}, promoted {summary.promoted}, resumed from v{summary.resumed_from}")
