@@ -3,6 +3,7 @@ dead-letter producer and the snapshots-topic producer."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,6 +16,8 @@ from feature_store.feature_set import FEATURE_NAMES, FEATURE_SET
 from gpu_trainer.batch import Columns
 from schemas.kafka_io import AvroProducer, ensure_topics, producer_config
 from schemas.serde import SerdeError, deserializer, header_of
+
+log = logging.getLogger("rtrec.trainer")
 
 
 @dataclass
@@ -30,7 +33,8 @@ class SampleSource:
     restart neither skips nor repeats a sample whatever the group's committed offsets say."""
 
     def __init__(self, bootstrap: str, topic: str, group_id: str, start_offsets: Mapping[tuple[str, int], int],
-                 n_features: int = len(FEATURE_NAMES), feature_set: str = FEATURE_SET) -> None:
+                 n_features: int = len(FEATURE_NAMES), feature_set: str = FEATURE_SET,
+                 instance_id: str | None = None, session_timeout_ms: int = 10_000) -> None:
         self.topic = topic
         self.start_offsets = dict(start_offsets)
         self.n_features = n_features
@@ -39,7 +43,9 @@ class SampleSource:
         self.assigned: set[int] = set()
         self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group_id,
                                    "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                                   "isolation.level": "read_committed", "fetch.min.bytes": 1})
+                                   "isolation.level": "read_committed", "fetch.min.bytes": 1,
+                                   "session.timeout.ms": session_timeout_ms,
+                                   **({"group.instance.id": instance_id} if instance_id else {})})
         self._consumer.subscribe([topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -106,19 +112,24 @@ class SampleSource:
                                                                                      OFFSET_BEGINNING)))
 
     def lag(self) -> int:
-        """Messages between the consumer's position and the end of its assigned partitions."""
+        """Messages between the consumer's position and the end of its assigned partitions, from the
+        high watermarks the fetches already brought (no broker round trip)."""
         total = 0
         for tp in self._consumer.position([TopicPartition(self.topic, p) for p in sorted(self.assigned)]):
-            _low, high = self._consumer.get_watermark_offsets(tp, timeout=2.0, cached=False)
-            if tp.offset >= 0:
+            _low, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            if tp.offset >= 0 and high >= 0:
                 total += max(0, high - tp.offset)
         return total
 
     def commit(self, offsets: Mapping[tuple[str, int], int]) -> None:
         """Informational (lag tools): positioning on restart comes from the snapshot, not from here."""
-        if offsets:
+        if not offsets:
+            return
+        try:
             self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
                                   asynchronous=False)
+        except KafkaException as exc:  # e.g. partitions revoked meanwhile; the snapshot holds the truth
+            log.warning("offset commit skipped: %s", exc)
 
     def close(self) -> None:
         self._consumer.close()

@@ -49,11 +49,13 @@ class TrainerService:
         self.dead_lettered = 0
         self.positions: dict[tuple[str, int], int] = {}
         self.resumed_from = self._resume()
-        self.source = SampleSource(k.bootstrap_servers, k.topics.samples, cfg.group_id, self.positions, n_features)
+        self.source = SampleSource(k.bootstrap_servers, k.topics.samples, cfg.group_id, self.positions, n_features,
+                                   instance_id=cfg.instance_id, session_timeout_ms=cfg.session_timeout_ms)
         self.newest_event_ms: int | None = None
         self._since_snapshot = 0
         self._dirty = False
         self._reverts = 0
+        self._lag_at = 0.0
         self._last_snapshot_at = time.monotonic()
         self.written: list[int] = []
         self.promoted: list[int] = []
@@ -94,10 +96,11 @@ class TrainerService:
                     self.metrics.dead_lettered.inc(len(batch.rejected))
                 if len(batch.columns):
                     self._train(batch.columns)
+                if batch.offsets or not self.source.assigned:  # idle time counts once partitions are ours
+                    last_input = time.monotonic()
                 if batch.offsets:
                     self.positions.update(batch.offsets)
                     self._dirty = True
-                    last_input = time.monotonic()
                 self._update_gauges()
                 if self._snapshot_due():
                     self.checkpoint()
@@ -142,8 +145,10 @@ class TrainerService:
             self.metrics.auc.set(auc)
         if loss is not None:
             self.metrics.logloss.set(loss)
-        with contextlib.suppress(Exception):  # lag is best-effort telemetry; never stop training for it
-            self.metrics.lag.set(self.source.lag())
+        if time.monotonic() - self._lag_at >= 1.0:
+            self._lag_at = time.monotonic()
+            with contextlib.suppress(Exception):  # lag is best-effort telemetry; never stop training for it
+                self.metrics.lag.set(self.source.lag())
 
     def checkpoint(self) -> Manifest | None:
         """Publishes a snapshot. The order, which makes a crash at any point safe:

@@ -94,6 +94,10 @@ class TrainerSettings(Section):
     """The incremental trainer (gpu_trainer/)."""
 
     group_id: str = "rtrec-trainer"
+    # Static group membership: a restarted trainer takes its partitions back at once instead of
+    # waiting for the killed one's session to time out.
+    instance_id: str = "trainer-0"
+    session_timeout_ms: int = 10_000
     model: str = "mf"  # "mf" or "deepfm"
     embedding_dim: int = 32
     user_buckets: int = 1 << 18
@@ -102,7 +106,7 @@ class TrainerSettings(Section):
     batch_size: int = 4096
     batch_timeout_ms: int = 500
     lr: float = 0.01
-    dense_lr: float = 0.001
+    dense_lr: float = 0.005
     ema_enabled: bool = True
     ema_momentum: float = 0.9
     ewc_enabled: bool = True

@@ -74,4 +74,4 @@ def test_ewc_on_sparse_embedding_gradients_touches_only_batch_rows() -> None:
     assert torch.allclose(dense_grad[4], torch.full((2,), 3.0))
     assert torch.equal(dense_grad[1], torch.zeros(2))
     rows = {"weight": torch.tensor([1])}
-    assert abs(float(ewc.penalty(params, rows)) - 0.5 * 2.0 * 4.0 * 2) < 1e-5
+    assert abs(float(ewc.penalty(params, rows).detach()) - 0.5 * 2.0 * 4.0 * 2) < 1e-5

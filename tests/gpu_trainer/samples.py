@@ -1,0 +1,37 @@
+"""A test producer of TrainingSamples (the feature job's output) with a learnable signal."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from feature_store.feature_set import FEATURE_NAMES, FEATURE_SET
+from gpu_trainer.batch import hash_ids
+from rtrec.settings import Settings
+from schemas.kafka_io import AvroProducer, ensure_topics, producer_config
+
+
+def make_samples(n: int, seed: int = 0, start: int = 0, random_labels: bool = False,
+                 event_time_ms: int = 1_700_000_000_000) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    users, items = rng.integers(0, 50, n), rng.integers(0, 80, n)
+    world = np.random.default_rng(1234)  # fixed across calls: one world
+    taste = world.normal(size=(50, 3)) @ world.normal(size=(3, 80))
+    features = rng.random((n, len(FEATURE_NAMES))).astype(np.float32) * 10
+    p = 1 / (1 + np.exp(-(taste[users, items] + 0.8 * (features[:, 0] - 5.0) - 1.0)))
+    labels = (rng.random(n) < (0.3 if random_labels else p)).astype(int)
+    return [{"sample_id": f"s{start + k}", "user_id": f"u{users[k]}", "item_id": f"i{items[k]}",
+             "event_time": event_time_ms + start + k, "label": int(labels[k]), "features": features[k].tolist(),
+             "feature_set": FEATURE_SET, "position": None} for k in range(n)]
+
+
+def produce_samples(settings: Settings, samples: list[dict]) -> None:
+    k = settings.kafka
+    ensure_topics(k.bootstrap_servers, [k.topics.samples], k.partitions)
+    producer = AvroProducer(producer_config(k.bootstrap_servers), k.topics.samples, "TrainingSample")
+    producer.produce_many(samples, key=lambda s: s["user_id"])
+    producer.flush()
+
+
+def digest(samples: list[dict]) -> str:
+    ids = np.array([s["sample_id"] for s in samples], dtype=object)
+    return f"{int(hash_ids(ids).sum(dtype=np.uint64)) % 2**64:016x}"
