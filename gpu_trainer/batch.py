@@ -35,6 +35,8 @@ class Batch:
     label: torch.Tensor  # float32 [B]
     event_time_ms: torch.Tensor  # int64 [B]
     sample_hash: np.ndarray  # uint64 [B], for the trained-set digest
+    user_hash: np.ndarray | None = None  # uint64 [B], before bucketing (collision accounting)
+    item_hash: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.label.shape[0])
@@ -45,7 +47,8 @@ class Batch:
                     for k in ("user_idx", "item_idx", "dense", "label")}
         else:
             move = {k: getattr(self, k).to(device) for k in ("user_idx", "item_idx", "dense", "label")}
-        return Batch(**move, event_time_ms=self.event_time_ms, sample_hash=self.sample_hash)
+        return Batch(**move, event_time_ms=self.event_time_ms, sample_hash=self.sample_hash,
+                     user_hash=self.user_hash, item_hash=self.item_hash)
 
 
 _COLUMN_FIELDS = ("sample_id", "user_id", "item_id", "features", "feature_len", "label", "event_time_ms",
@@ -88,11 +91,14 @@ class Columns:
         return Columns(*(getattr(self, f)[mask] for f in _COLUMN_FIELDS))
 
     def to_batch(self, user_buckets: int, item_buckets: int) -> Batch:
+        user_hash, item_hash = hash_ids(self.user_id), hash_ids(self.item_id)
         return Batch(
-            user_idx=torch.from_numpy(bucket(self.user_id, user_buckets)),
-            item_idx=torch.from_numpy(bucket(self.item_id, item_buckets)),
+            user_idx=torch.from_numpy((user_hash % np.uint64(user_buckets)).astype(np.int64)),
+            item_idx=torch.from_numpy((item_hash % np.uint64(item_buckets)).astype(np.int64)),
             dense=torch.from_numpy(np.ascontiguousarray(self.features, dtype=np.float32)),
             label=torch.from_numpy(np.ascontiguousarray(self.label, dtype=np.float32)),
             event_time_ms=torch.from_numpy(self.event_time_ms),
             sample_hash=hash_ids(self.sample_id),
+            user_hash=user_hash,
+            item_hash=item_hash,
         )

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from gpu_trainer.batch import Batch
+from gpu_trainer.collisions import CollisionCounter
 from gpu_trainer.device import amp_dtype, pick_device
 from gpu_trainer.metrics import Prequential
 from gpu_trainer.models import build_model, sparse_tables
@@ -61,6 +62,7 @@ class Learner:
         self.loss_fn = nn.BCEWithLogitsLoss()
         self.samples_trained = 0
         self.non_finite_batches = 0
+        self.collisions = {"user": CollisionCounter(cfg.user_buckets), "item": CollisionCounter(cfg.item_buckets)}
         self.sample_digest = 0  # sum of trained sample-id hashes mod 2**64: proves which samples, once each
 
     def _touched_rows(self, batch: Batch) -> dict[str, torch.Tensor]:
@@ -92,6 +94,9 @@ class Learner:
         if self.ema is not None:
             self.ema.update(self.params, self._touched_rows(batch))
         self.samples_trained += len(batch)
+        if batch.user_hash is not None and batch.item_hash is not None:
+            self.collisions["user"].update(batch.user_hash)
+            self.collisions["item"].update(batch.item_hash)
         self.sample_digest = (self.sample_digest + int(batch.sample_hash.sum(dtype=np.uint64))) % 2**64
         return StepResult(float(loss.detach()), trained=True)
 

@@ -179,7 +179,9 @@ class TrainerService:
             model_name=self.learner.model_name, model_config=self.learner.config, feature_set=FEATURE_SET,
             offsets=[{"topic": t, "partition": p, "offset": o} for (t, p), o in sorted(self.positions.items())],
             samples_seen=self.learner.samples_trained, sample_digest=f"{self.learner.sample_digest:016x}",
-            dead_lettered=self.dead_lettered, metrics={"auc": auc, "logloss": loss},
+            dead_lettered=self.dead_lettered,
+            metrics={"auc": auc, "logloss": loss, "user_collision_rate": self.learner.collisions["user"].rate(),
+                     "item_collision_rate": self.learner.collisions["item"].rate()},
             newest_event_ms=self.newest_event_ms, promoted=promoted,
         )
         self.store.write(manifest, self.learner.state_arrays())  # 2
@@ -198,6 +200,8 @@ class TrainerService:
         self.source.commit(self.positions)  # 5
         self.store.prune(self.cfg.keep_last, {self.registry.current_version() or manifest.version})  # 6
         self.metrics.version.set(manifest.version)
+        for table, counter in self.learner.collisions.items():
+            self.metrics.collision_rate.labels(table=table).set(counter.rate())
         if manifest.newest_event_ms is not None:
             self.metrics.freshness.set((manifest.created_at - manifest.newest_event_ms) / 1000.0)
         log.info("snapshot v%d: %d samples, auc %s, promoted %s", manifest.version, manifest.samples_seen, auc,

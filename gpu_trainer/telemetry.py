@@ -21,6 +21,8 @@ class TrainerMetrics:
         self.logloss = Gauge("rtrec_trainer_prequential_logloss", "Rolling prequential logloss", registry=r)
         self.version = Gauge("rtrec_trainer_snapshot_version", "Latest snapshot version written", registry=r)
         self.current = Gauge("rtrec_trainer_current_version", "Promoted (current) snapshot version", registry=r)
+        self.collision_rate = Gauge("rtrec_trainer_embedding_collision_rate",
+                                    "Share of distinct ids that share an embedding row", ["table"], registry=r)
         self.freshness = Gauge("rtrec_trainer_freshness_seconds",
                                "Snapshot time minus the newest event time it contains", registry=r)
 

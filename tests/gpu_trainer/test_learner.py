@@ -116,3 +116,16 @@ def test_ema_moves_only_touched_rows_of_the_published_tables() -> None:
     changed = torch.nonzero((after != published_before["user.weight"]).any(dim=1)).flatten()
     assert set(changed.tolist()) <= set(batch.user_idx.unique().tolist())
     assert len(changed) > 0
+
+
+def test_collision_rate_is_reported_per_table() -> None:
+    from gpu_trainer.batch import hash_ids
+
+    learner = Learner(TrainerSettings(user_buckets=16, item_buckets=1 << 16, embedding_dim=4), n_dense=2)
+    stream, rng = TwoPhaseStream(n_users=300), np.random.default_rng(5)
+    for _ in range(20):
+        learner.step(stream.draw(1, 512, rng).to_batch(16, 1 << 16))
+    users = learner.collisions["user"]
+    assert users.distinct_ids == 300 and users.rate() == pytest.approx(1 - 16 / 300)
+    expected_items = 1 - len(set((hash_ids([f"a{k}" for k in range(200)]) % np.uint64(1 << 16)).tolist())) / 200
+    assert learner.collisions["item"].rate() == pytest.approx(expected_items)

@@ -62,6 +62,8 @@ def test_trains_every_sample_once_dead_letters_bad_ones_and_publishes(settings: 
     assert last.samples_seen == 5000 and last.sample_digest == digest(good)
     assert sum(o["offset"] for o in last.offsets) == 5004
     assert last.metrics["auc"] > 0.6
+    # 50 users and 80 items in 4096 rows: a few may share one (birthday bound), most do not
+    assert 0.0 <= last.metrics["user_collision_rate"] < 0.1 and 0.0 <= last.metrics["item_collision_rate"] < 0.1
 
     announced = read_topic(s.kafka.bootstrap_servers, s.kafka.topics.snapshots, "ModelSnapshot").records
     assert [r["version"] for r in announced] == summary.snapshots
@@ -79,7 +81,8 @@ def test_trains_every_sample_once_dead_letters_bad_ones_and_publishes(settings: 
     for name in ("rtrec_trainer_samples_total 5000.0", "rtrec_trainer_dead_lettered_total 4.0",
                  "rtrec_trainer_prequential_auc", "rtrec_trainer_consumer_lag", "rtrec_trainer_batch_seconds_bucket",
                  f"rtrec_trainer_snapshot_version {float(last.version)}", "rtrec_trainer_freshness_seconds",
-                 "rtrec_trainer_samples_per_second", "rtrec_trainer_prequential_logloss"):
+                 "rtrec_trainer_samples_per_second", "rtrec_trainer_prequential_logloss",
+                 'rtrec_trainer_embedding_collision_rate{table="user"}'):
         assert name in scraped, name
 
 
