@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 from feature_store.feature_set import FEATURE_NAMES, FEATURE_SET
 from gpu_trainer.batch import Columns
@@ -56,6 +59,9 @@ class TrainerService:
         self._dirty = False
         self._reverts = 0
         self._lag_at = 0.0
+        self._publisher: threading.Thread | None = None
+        self._publishing: tuple[Manifest, dict[tuple[str, int], int]] | None = None
+        self._publish_error: BaseException | None = None
         self._last_snapshot_at = time.monotonic()
         self.written: list[int] = []
         self.promoted: list[int] = []
@@ -109,9 +115,12 @@ class TrainerService:
         except KeyboardInterrupt:
             log.info("interrupted: writing a final snapshot")
         finally:
-            if self._dirty:
-                self.checkpoint()
-            self.source.close()
+            try:
+                if self._dirty:
+                    self.checkpoint()
+                self.finish_publication()
+            finally:
+                self.source.close()
         return RunSummary(self.learner.samples_trained, self.dead_lettered, self.written, self.promoted,
                           self.resumed_from)
 
@@ -151,17 +160,22 @@ class TrainerService:
                 self.metrics.lag.set(self.source.lag())
 
     def checkpoint(self) -> Manifest | None:
-        """Publishes a snapshot. The order, which makes a crash at any point safe:
+        """Starts publishing a snapshot; the slow part runs beside training. The order, which makes a
+        crash at any point safe:
 
-        1. weights must be finite, else nothing is written and training restarts from the last
+        1. weights must be finite, else nothing is written and training goes back to the last
            snapshot (a NaN never reaches a snapshot);
-        2. snapshot files, then manifest, written and renamed atomically: durable before anything
-           names them (the offsets inside make it the restart point);
-        3. the ModelSnapshot record to the snapshots topic, producer flushed;
-        4. when promoted, the Redis current pointer moves, and EWC consolidates on these weights;
-        5. consumer offsets committed to Kafka (for lag tools only);
-        6. old snapshots pruned (the last K and the current one stay).
+        2. the promotion gate is decided; when promoted, EWC consolidates on these weights; the state
+           is copied (training goes on while it is written);
+        3. in the background: snapshot files, then manifest, written and renamed atomically, so it is
+           durable before anything names it (the offsets inside make it the restart point); then the
+           ModelSnapshot record to the snapshots topic, producer flushed; then, when promoted, the
+           Redis current pointer;
+        4. back in the training loop, once 3 is done: consumer offsets committed to Kafka (for lag
+           tools only) and old snapshots pruned (the last K and the current one stay).
+        One publication runs at a time: the next checkpoint first waits for the previous one.
         """
+        self.finish_publication()
         self._since_snapshot = 0
         self._dirty = False
         self._last_snapshot_at = time.monotonic()
@@ -174,6 +188,8 @@ class TrainerService:
         current_auc = self.store.manifest(current).metrics.get("auc") if current in self.store.versions() else None
         auc, loss = self.learner.prequential.auc(), self.learner.prequential.logloss()
         promoted = should_promote(auc, current_auc, self.cfg.promotion_margin)
+        if promoted:
+            self.learner.consolidate()
         manifest = Manifest(
             version=self.version + 1, parent=self.version or None, created_at=now_ms(),
             model_name=self.learner.model_name, model_config=self.learner.config, feature_set=FEATURE_SET,
@@ -184,29 +200,50 @@ class TrainerService:
                      "item_collision_rate": self.learner.collisions["item"].rate()},
             newest_event_ms=self.newest_event_ms, promoted=promoted,
         )
-        self.store.write(manifest, self.learner.state_arrays())  # 2
+        arrays = {k: v.copy() for k, v in self.learner.state_arrays().items()}
         self.version = manifest.version
+        self._publishing = (manifest, dict(self.positions))
+        self._publisher = threading.Thread(target=self._publish, args=(manifest, arrays), name="snapshot-publisher")
+        self._publisher.start()
+        return manifest
+
+    def _publish(self, manifest: Manifest, arrays: dict[str, np.ndarray]) -> None:
+        try:
+            self.store.write(manifest, arrays)
+            self.outputs.announce({
+                "version": manifest.version, "parent": manifest.parent, "created_at": manifest.created_at,
+                "uri": str(self.store.path(manifest.version)),
+                "manifest_sha256": self.store.manifest_sha256(manifest.version), "model_name": manifest.model_name,
+                "samples_seen": manifest.samples_seen, "offsets": manifest.offsets, "auc": manifest.metrics["auc"],
+                "logloss": manifest.metrics["logloss"], "promoted": manifest.promoted})
+            if manifest.promoted:
+                self.registry.set_current(manifest.version)
+        except BaseException as exc:  # re-raised in the training loop by finish_publication
+            self._publish_error = exc
+
+    def finish_publication(self) -> None:
+        """Waits for the snapshot being published, then commits offsets and prunes (step 4)."""
+        if self._publisher is None:
+            return
+        self._publisher.join()
+        self._publisher = None
+        manifest, positions = self._publishing  # type: ignore[misc]
+        if self._publish_error is not None:
+            error, self._publish_error = self._publish_error, None
+            raise RuntimeError(f"publishing snapshot v{manifest.version} failed: {error}") from error
         self.written.append(manifest.version)
-        self.outputs.announce({  # 3
-            "version": manifest.version, "parent": manifest.parent, "created_at": manifest.created_at,
-            "uri": str(self.store.path(manifest.version)), "manifest_sha256": self.store.manifest_sha256(
-                manifest.version), "model_name": manifest.model_name, "samples_seen": manifest.samples_seen,
-            "offsets": manifest.offsets, "auc": auc, "logloss": loss, "promoted": promoted})
-        if promoted:  # 4
-            self.registry.set_current(manifest.version)
-            self.learner.consolidate()
+        if manifest.promoted:
             self.promoted.append(manifest.version)
             self.metrics.current.set(manifest.version)
-        self.source.commit(self.positions)  # 5
-        self.store.prune(self.cfg.keep_last, {self.registry.current_version() or manifest.version})  # 6
+        self.source.commit(positions)
+        self.store.prune(self.cfg.keep_last, {self.registry.current_version() or manifest.version})
         self.metrics.version.set(manifest.version)
         for table, counter in self.learner.collisions.items():
             self.metrics.collision_rate.labels(table=table).set(counter.rate())
         if manifest.newest_event_ms is not None:
             self.metrics.freshness.set((manifest.created_at - manifest.newest_event_ms) / 1000.0)
-        log.info("snapshot v%d: %d samples, auc %s, promoted %s", manifest.version, manifest.samples_seen, auc,
-                 promoted)
-        return manifest
+        log.info("snapshot v%d: %d samples, auc %s, promoted %s", manifest.version, manifest.samples_seen,
+                 manifest.metrics["auc"], manifest.promoted)
 
     def _revert(self) -> None:
         """Back to the last snapshot's weights and offsets; its samples after it are consumed again."""

@@ -56,6 +56,38 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+class _HashingWriter:
+    """A write-only file wrapper that hashes what passes through (saves re-reading the weights)."""
+
+    def __init__(self, fh: Any) -> None:
+        self._fh = fh
+        self._sha = hashlib.sha256()
+        self._pos = 0
+
+    def write(self, data: bytes) -> int:
+        self._sha.update(data)
+        self._pos += len(data)
+        return self._fh.write(data)
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, *_: Any) -> bytes:  # numpy only checks that it exists
+        raise OSError("write-only")
+
+    def seek(self, *_: Any) -> int:
+        raise OSError("not seekable")  # zipfile then streams, writing sizes after each member
+
+    def seekable(self) -> bool:
+        return False
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+
 class SnapshotStore:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -85,10 +117,11 @@ class SnapshotStore:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         with open(tmp / WEIGHTS, "wb") as fh:
-            np.savez(fh, **arrays)
+            hashing = _HashingWriter(fh)
+            np.savez(hashing, **arrays)
             fh.flush()
             os.fsync(fh.fileno())
-        manifest.files = {WEIGHTS: sha256_file(tmp / WEIGHTS)}
+        manifest.files = {WEIGHTS: hashing.hexdigest()}
         with open(tmp / MANIFEST, "w") as fh:
             json.dump(asdict(manifest), fh, indent=2, sort_keys=True)
             fh.flush()

@@ -166,6 +166,7 @@ def test_checkpoint_order(settings: Settings, tmp_path: Path, monkeypatch: pytes
                                                                                   _real(*a, **k))[1])
     service.positions = {(s.kafka.topics.samples, 0): 0}
     assert service.checkpoint().promoted
-    assert calls == ["snapshot files", "kafka record", "redis pointer", "ewc consolidate", "offsets commit", "prune"]
+    service.finish_publication()
+    assert calls == ["ewc consolidate", "snapshot files", "kafka record", "redis pointer", "offsets commit", "prune"]
     service.source.close()
     assert json.loads((service.store.path(1) / "manifest.json").read_text())["version"] == 1

@@ -1,0 +1,190 @@
+"""Trainer figures: samples/s per model and batch size (this machine's device), and end-to-end
+freshness, event time -> first promoted snapshot containing the sample, through a real broker.
+
+Run: `.venv/bin/python -m benchmarks.bench_trainer [--seconds 15] [--rate 20000]`. Writes
+`benchmarks/out/trainer_freshness.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from benchmarks.common import emit
+from gpu_trainer.batch import Columns
+from gpu_trainer.learner import Learner
+from gpu_trainer.loop import TrainerService
+from gpu_trainer.snapshots import SnapshotStore
+from rtrec.settings import Settings, TrainerSettings, load_settings
+from schemas.kafka_io import AvroProducer, producer_config
+from schemas.serde import deserializer, header_of
+from tests.gpu_trainer.samples import make_samples, produce_samples
+
+OUT = Path(__file__).parent / "out"
+
+
+def throughput(models: list[str], batch_sizes: list[int], seconds: float) -> None:
+    pool = make_samples(65_536, seed=3)
+    for model in models:
+        for bs in batch_sizes:
+            learner = Learner(TrainerSettings(model=model, embedding_dim=32 if model == "mf" else 16), n_dense=20)
+            batches = [Columns.from_records(pool[k:k + bs]).to_batch(learner.cfg.user_buckets,
+                                                                       learner.cfg.item_buckets)
+                       for k in range(0, len(pool) - bs + 1, bs)][:8]
+            learner.step(batches[0])  # warm-up
+            done, began = 0, time.perf_counter()
+            while time.perf_counter() - began < seconds:
+                for b in batches:
+                    learner.step(b)
+                    done += len(b)
+            rate = done / (time.perf_counter() - began)
+            emit("trainer", f"samples_per_s_{model}_b{bs}", rate, "samples/s", done, device=str(learner.device))
+
+
+@contextlib.contextmanager
+def services(settings: Settings, own: bool) -> Iterator[Settings]:
+    if not own:
+        yield settings
+        return
+    from tests.infra import local_processes
+
+    with tempfile.TemporaryDirectory() as tmp, local_processes(Path(tmp)) as ep:
+        yield settings.model_copy(update={
+            "kafka": settings.kafka.model_copy(update={"bootstrap_servers": ep.kafka_bootstrap}),
+            "redis": settings.redis.model_copy(update={"url": ep.redis_url})})
+
+
+def sample_positions(bootstrap: str, topic: str) -> list[tuple[int, int, int]]:
+    """(partition, offset, event_time) of every sample in the topic."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-reader", "enable.auto.commit": False})
+    decode = deserializer("TrainingSample")
+    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+    out, seen = [], dict.fromkeys(parts, 0)
+    while any(seen[p] < ends[p] for p in parts):
+        for msg in consumer.consume(10_000, timeout=1.0):
+            if msg.error():
+                continue
+            out.append((msg.partition(), msg.offset(), decode(msg.value(), header_of(msg.headers()))["event_time"]))
+            seen[msg.partition()] = msg.offset() + 1
+    consumer.close()
+    return out
+
+
+def isolated(settings: Settings, **trainer: object) -> Settings:
+    suffix = uuid.uuid4().hex[:8]
+    topics = settings.kafka.topics.model_copy(update={k: f"{v}.bench{suffix}"
+                                                      for k, v in settings.kafka.topics.model_dump().items()})
+    return settings.model_copy(update={
+        "kafka": settings.kafka.model_copy(update={"topics": topics}),
+        "redis": settings.redis.model_copy(update={"key_prefix": f"bench{suffix}"}),
+        "trainer": settings.trainer.model_copy(update={"snapshot_dir": Path(tempfile.mkdtemp()),
+                                                       "group_id": f"bench-{suffix}", **trainer})})
+
+
+def service_throughput(settings: Settings, n: int) -> None:
+    """Samples/s of the whole service (consume, decode, validate, train, snapshot) from a backlog."""
+    s = isolated(settings, batch_size=4096, snapshot_every_samples=100_000, snapshot_every_s=60.0)
+    produce_samples(s, make_samples(n, seed=9))
+    service = TrainerService(s)
+    began = time.perf_counter()
+    summary = service.run(idle_exit_s=2.0)
+    took = time.perf_counter() - began - 2.0
+    emit("trainer", "service_samples_per_s_mf_b4096", summary.samples_trained / took, "samples/s",
+         summary.samples_trained)
+
+
+def freshness(settings: Settings, seconds: float, rate: float) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    topics = settings.kafka.topics.model_copy(update={k: f"{v}.bench{suffix}"
+                                                      for k, v in settings.kafka.topics.model_dump().items()})
+    tmp = Path(tempfile.mkdtemp())
+    s = settings.model_copy(update={
+        "kafka": settings.kafka.model_copy(update={"topics": topics}),
+        "redis": settings.redis.model_copy(update={"key_prefix": f"bench{suffix}"}),
+        "trainer": settings.trainer.model_copy(update={
+            "snapshot_dir": tmp, "snapshot_every_s": 1.0, "snapshot_every_samples": 10**9, "batch_timeout_ms": 100,
+            "group_id": f"bench-{suffix}", "keep_last": 10**6, "promotion_margin": 1.0})})
+    produce_samples(s, make_samples(1, start=10**9))  # topic exists before the trainer subscribes
+    stop = threading.Event()
+    service = TrainerService(s)
+    trainer = threading.Thread(target=lambda: service.run(should_stop=stop.is_set))
+    trainer.start()
+    time.sleep(3)
+    chunk = max(1, int(rate / 20))
+    pool = make_samples(int(rate * seconds) + chunk, seed=5)
+    producer = AvroProducer(producer_config(s.kafka.bootstrap_servers, linger_ms=5), topics.samples, "TrainingSample")
+    began, sent = time.monotonic(), 0
+    run_started_ms = int(time.time() * 1000)
+    print(f"producing {rate:.0f} samples/s for {seconds:.0f}s", file=sys.stderr)
+    while time.monotonic() - began < seconds and sent + chunk <= len(pool):
+        now = int(time.time() * 1000)
+        for sample in pool[sent:sent + chunk]:
+            sample["event_time"] = now
+            producer.produce(sample, key=sample["user_id"])
+        producer.flush()
+        sent += chunk
+        time.sleep(max(0.0, sent / rate - (time.monotonic() - began)))
+    emit("trainer", "freshness_run_produced_rate", sent / (time.monotonic() - began), "samples/s", sent)
+    time.sleep(3)
+    stop.set()
+    trainer.join()
+    store = SnapshotStore(tmp)
+    promoted = [store.manifest(v) for v in store.versions() if store.manifest(v).promoted]
+    print(f"{len(store.versions())} snapshots, {len(promoted)} promoted, last holds "
+          f"{store.manifest(store.versions()[-1]).samples_seen} samples", file=sys.stderr)
+    latencies = []
+    for partition, offset, event_ms in sample_positions(s.kafka.bootstrap_servers, topics.samples):
+        if event_ms < run_started_ms:  # the sample that created the topic
+            continue
+        for m in promoted:
+            if m.offsets_by_partition().get((topics.samples, partition), 0) > offset:
+                latencies.append((m.created_at - event_ms) / 1000.0)
+                break
+    arr = np.array(latencies)
+    emit("trainer", "freshness_event_to_promoted_snapshot", float(np.median(arr)), "s", len(arr),
+         p50=round(float(np.percentile(arr, 50)), 3), p99=round(float(np.percentile(arr, 99)), 3))
+    OUT.mkdir(exist_ok=True)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.hist(arr, bins=50)
+    ax.set_xlabel("event time -> first promoted snapshot containing it (s)")
+    ax.set_ylabel("samples")
+    ax.set_title(f"Trainer freshness, {len(arr)} samples: p50 {np.median(arr):.2f}s, "
+                 f"p99 {np.percentile(arr, 99):.2f}s")
+    fig.tight_layout()
+    fig.savefig(OUT / "trainer_freshness.png", dpi=100)
+    print(f"wrote {OUT / 'trainer_freshness.png'}", file=sys.stderr)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=15.0, help="freshness run length")
+    parser.add_argument("--rate", type=float, default=10_000, help="samples/s produced in the freshness run")
+    parser.add_argument("--step-seconds", type=float, default=2.0, help="time per throughput cell")
+    parser.add_argument("--use-running-services", action="store_true",
+                        help="use the configured Kafka/Redis instead of starting fresh ones")
+    args = parser.parse_args()
+    throughput(["mf", "deepfm"], [512, 4096, 16384], args.step_seconds)
+    with services(load_settings(), own=not args.use_running_services) as settings:
+        service_throughput(settings, 200_000)
+        freshness(settings, args.seconds, args.rate)
+
+
+if __name__ == "__main__":
+    main()
