@@ -90,6 +90,27 @@ class SyntheticSettings(Section):
     events_per_second_event_time: float = 200.0
 
 
+class FlinkSettings(Section):
+    """The feature jobs (flink_jobs/)."""
+
+    parallelism: int = 1
+    window_s: int = 3
+    horizons_s: tuple[int, ...] = (60, 600)
+    horizon_slides_s: tuple[int, ...] = (3, 30)
+    watermark_delay_ms: int = 2_000
+    idle_timeout_ms: int = 5_000
+    checkpoint_interval_ms: int = 5_000
+    attribution_window_s: int = 30
+    max_future_skew_ms: int = 3_600_000
+    max_event_age_ms: int | None = None  # None: any age (historical replays); else older is malformed
+    group_id: str = "rtrec-features"
+    jvm_heap: str = "1g"
+    checkpoint_dir: Path = Field(default_factory=lambda: _default_cache_dir() / "flink-checkpoints")
+    log_dir: Path = Field(default_factory=lambda: _default_cache_dir() / "flink-logs")
+    loader_group_id: str = "rtrec-redis-loader"
+    loader_batch: int = 20_000
+
+
 class TrainerSettings(Section):
     """The incremental trainer (gpu_trainer/)."""
 
@@ -135,6 +156,7 @@ class Settings(BaseSettings):
     redis: RedisSettings = RedisSettings()
     synthetic: SyntheticSettings = SyntheticSettings()
     trainer: TrainerSettings = TrainerSettings()
+    flink: FlinkSettings = FlinkSettings()
 
     @classmethod
     def settings_customise_sources(

@@ -1,0 +1,1 @@
+"""PyFlink feature jobs: windowing and joins run in the JVM (Flink SQL), never in Python UDFs."""

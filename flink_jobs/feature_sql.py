@@ -1,0 +1,95 @@
+"""The window SQL of the feature job (pure: text only).
+
+>>> "TUMBLE(TABLE events, DESCRIPTOR(event_time), INTERVAL '3' SECOND(2))" in window_sql("user", 3, 3)
+True
+"""
+
+from __future__ import annotations
+
+from flink_jobs.ddl import header_literal
+
+ENTITY_KEYS = {"user": "user_id", "item": "item_id", "user_item": "user_id || '|' || item_id"}
+COUNTERPART = {"user": "item_id", "item": "user_id", "user_item": "item_id"}
+
+
+def _count(event_type: str) -> str:
+    return f"CAST(COUNT(*) FILTER (WHERE event_type = '{event_type}') AS BIGINT)"
+
+
+def interval(seconds: int) -> str:
+    """>>> interval(600)
+    "INTERVAL '600' SECOND(3)"
+    """
+    return f"INTERVAL '{seconds}' SECOND({max(2, len(str(seconds)))})"
+
+
+def window_table(size_s: int, slide_s: int) -> str:
+    if slide_s >= size_s:
+        return f"TUMBLE(TABLE events, DESCRIPTOR(event_time), {interval(size_s)})"
+    return f"HOP(TABLE events, DESCRIPTOR(event_time), {interval(slide_s)}, {interval(size_s)})"
+
+
+def window_sql(entity_type: str, size_s: int, slide_s: int) -> str:
+    """One FeatureRecord row per entity and window; the `headers` column carries the schema id."""
+    key = ENTITY_KEYS[entity_type]
+    impressions, clicks = _count("impression"), _count("click")
+    dwell_n = "COUNT(dwell_ms)"
+    return f"""SELECT
+  CAST({key} AS BYTES) AS entity_id_key,
+  '{entity_type}' AS entity_type,
+  {key} AS entity_id,
+  CAST({size_s} AS INT) AS horizon_s,
+  window_start,
+  window_end,
+  {impressions} AS impressions,
+  {clicks} AS clicks,
+  {_count('like')} AS likes,
+  {_count('cart')} AS carts,
+  {_count('order')} AS orders,
+  CASE WHEN {impressions} > 0 THEN CAST({clicks} AS DOUBLE) / {impressions} ELSE 0.0 END AS ctr,
+  CAST(COALESCE(SUM(dwell_ms), 0) AS BIGINT) AS dwell_sum_ms,
+  CASE WHEN {dwell_n} > 0 THEN CAST(SUM(dwell_ms) AS DOUBLE) / {dwell_n} ELSE 0.0 END AS dwell_mean_ms,
+  CAST(COUNT(DISTINCT {COUNTERPART[entity_type]}) AS BIGINT) AS distinct_counterparts,
+  {header_literal('FeatureRecord')} AS headers
+FROM TABLE({window_table(size_s, slide_s)})
+GROUP BY window_start, window_end, {key}"""
+
+
+def decoded_view_sql(source: str, decode_udf: str, decode_args: str) -> str:
+    return f"""SELECT
+  {decode_udf}(`value`, `headers`, {decode_args}) AS ev,
+  event_time, `value`, `partition`, `offset`
+FROM {source}"""
+
+
+def good_events_sql(decoded: str, window_s: int) -> str:
+    """Well-formed events that are not late (their base window has not closed at the watermark)."""
+    return f"""SELECT ev.event_id AS event_id, ev.user_id AS user_id, ev.item_id AS item_id,
+  ev.event_type AS event_type, ev.dwell_ms AS dwell_ms, ev.`position` AS `position`, event_time
+FROM {decoded}
+WHERE ev.error IS NULL AND NOT ({_is_late(window_s)})"""
+
+
+def _is_late(window_s: int) -> str:
+    ms = window_s * 1000
+    window_end = f"TO_TIMESTAMP_LTZ(ev.event_time_ms - MOD(ev.event_time_ms, {ms}) + {ms}, 3)"
+    watermark = "CURRENT_WATERMARK(event_time)"
+    return f"{watermark} IS NOT NULL AND {window_end} <= {watermark}"
+
+
+def dead_letters_sql(decoded: str, topic: str, window_s: int) -> str:
+    reason = ("CASE WHEN ev.error IS NOT NULL THEN ev.error ELSE "
+              "'late: event_time ' || CAST(ev.event_time_ms AS STRING) || ' is behind the watermark ' || "
+              "CAST(CURRENT_WATERMARK(event_time) AS STRING) END")
+    return f"""SELECT
+  'feature-job' AS stage,
+  {reason} AS reason,
+  '{topic}' AS source_topic,
+  `partition` AS source_partition,
+  `offset` AS source_offset,
+  CAST(NULL AS BYTES) AS `key`,
+  `value`,
+  CAST(CURRENT_TIMESTAMP AS TIMESTAMP(3)) AS detected_at,
+  {header_literal('DeadLetter')} AS headers
+FROM {decoded}
+WHERE ev.error IS NOT NULL OR ({_is_late(window_s)})"""
