@@ -11,8 +11,18 @@ from collections.abc import Mapping
 
 from pyflink.table import StatementSet, TableEnvironment
 
+from feature_store.feature_set import FEATURE_SET, HORIZONS_S
 from flink_jobs.ddl import avro_sink_ddl, events_source_ddl, quote, schema_json
 from flink_jobs.feature_sql import dead_letters_sql, decoded_view_sql, good_events_sql, window_sql
+from flink_jobs.sample_sql import (
+    base_rows_sql,
+    engagements_sql,
+    feature_rows_sql,
+    feature_window_sql,
+    impressions_sql,
+    label_rows_sql,
+    samples_sql,
+)
 from rtrec.settings import Settings
 from schemas.registry import schema
 
@@ -25,7 +35,7 @@ def decode_args(settings: Settings) -> str:
 
 
 def build_job(settings: Settings, t_env: TableEnvironment, startup: Mapping[str, str] | None = None,
-              job_id: str = "features") -> StatementSet:
+              job_id: str = "features", with_samples: bool = True) -> StatementSet:
     k, f = settings.kafka, settings.flink
     t_env.create_java_temporary_system_function("RTREC_DECODE_EVENT", "dev.rtrec.flink.DecodeInteractionEvent")
     t_env.create_java_temporary_system_function("RTREC_EVENT_TIME", "dev.rtrec.flink.EventTimeOf")
@@ -53,4 +63,28 @@ def build_job(settings: Settings, t_env: TableEnvironment, startup: Mapping[str,
     statements.add_insert_sql(f"INSERT INTO features_sink {union}")
     dead = dead_letters_sql("decoded", k.topics.events, f.window_s)
     statements.add_insert_sql(f"INSERT INTO dead_letter_sink {dead}")
+    if with_samples:
+        add_samples(settings, t_env, statements, exactly_once, job_id)
     return statements
+
+
+def add_samples(settings: Settings, t_env: TableEnvironment, statements: StatementSet, exactly_once: bool,
+                job_id: str) -> None:
+    """Training samples (see sample_sql) into the samples topic, keyed by user."""
+    k, f = settings.kafka, settings.flink
+    slides = dict(zip(f.horizons_s, f.horizon_slides_s, strict=True))
+    missing = [h for h in HORIZONS_S if h not in slides]
+    if missing:
+        raise ValueError(f"feature set {FEATURE_SET} needs horizons {HORIZONS_S}s; flink.horizons_s lacks {missing}")
+    t_env.create_temporary_view("impressions", t_env.sql_query(impressions_sql()))
+    t_env.create_temporary_view("engagements", t_env.sql_query(engagements_sql()))
+    parts = [base_rows_sql(), label_rows_sql(f.attribution_window_s)]
+    for entity in ("user", "item"):
+        for h in HORIZONS_S:
+            view = f"f_{entity}_{h}"
+            t_env.create_temporary_view(view, t_env.sql_query(feature_window_sql(entity, h, slides[h])))
+            parts.append(feature_rows_sql(view, entity, h, slides[h]))
+    t_env.create_temporary_view("sample_rows", t_env.sql_query("\nUNION ALL\n".join(parts)))
+    t_env.execute_sql(avro_sink_ddl("samples_sink", "TrainingSample", k.topics.samples, k.bootstrap_servers,
+                                    exactly_once, f"rtrec-{job_id}-samples", key_field="user_id"))
+    statements.add_insert_sql(f"INSERT INTO samples_sink {samples_sql('sample_rows', f.window_s)}")

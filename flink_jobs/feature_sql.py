@@ -65,7 +65,8 @@ FROM {source}"""
 def good_events_sql(decoded: str, window_s: int) -> str:
     """Well-formed events that are not late (their base window has not closed at the watermark)."""
     return f"""SELECT ev.event_id AS event_id, ev.user_id AS user_id, ev.item_id AS item_id,
-  ev.event_type AS event_type, ev.dwell_ms AS dwell_ms, ev.`position` AS `position`, event_time
+  ev.event_type AS event_type, ev.dwell_ms AS dwell_ms, ev.`position` AS `position`,
+  ev.event_time_ms AS event_time_ms, event_time
 FROM {decoded}
 WHERE ev.error IS NULL AND NOT ({_is_late(window_s)})"""
 

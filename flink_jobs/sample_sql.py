@@ -1,0 +1,84 @@
+"""SQL of the training samples: one per impression, labelled by an engagement on the same user-item
+pair within the attribution window, carrying the features as of the impression time.
+
+Point in time: an impression at t joins, per entity and horizon, the one window with
+t - slide < window_end <= t (written on window_time = window_end - 1 ms as an interval join). A
+window is [start, end), so nothing at or after t is in it: a click at t cannot leak into the
+features of the impression at t. Every joined row, the impression itself and its label rows meet
+in a tumbling window on the impression time, which closes once the watermark has passed the
+attribution window: that is when a sample is emitted.
+
+>>> "e.event_time <= i.event_time + INTERVAL '30' SECOND(2)" in label_rows_sql(30)
+True
+"""
+
+from __future__ import annotations
+
+from feature_store.feature_set import AGGREGATES, FEATURE_NAMES, FEATURE_SET
+from flink_jobs.ddl import header_literal, quote
+from flink_jobs.feature_sql import ENTITY_KEYS, interval, window_table
+
+_AGG_COLUMNS = {"impressions": "CAST(impressions AS DOUBLE)", "clicks": "CAST(clicks AS DOUBLE)",
+                "likes": "CAST(likes AS DOUBLE)", "ctr": "ctr", "dwell_mean_ms": "dwell_mean_ms"}
+_NULL_FEATURES = ", ".join(f"CAST(NULL AS DOUBLE) AS f_{a}" for a in AGGREGATES)
+_ROW_HEAD = "i.event_id, i.user_id, i.item_id, i.`position`, i.event_time_ms, i.event_time AS t"
+
+
+def impressions_sql() -> str:
+    return ("SELECT event_id, user_id, item_id, `position`, event_time_ms, event_time FROM events "
+            "WHERE event_type = 'impression'")
+
+
+def engagements_sql() -> str:
+    return "SELECT user_id, item_id, event_time FROM events WHERE event_type <> 'impression'"
+
+
+def feature_window_sql(entity_type: str, size_s: int, slide_s: int) -> str:
+    key = ENTITY_KEYS[entity_type]
+    imps = "COUNT(*) FILTER (WHERE event_type = 'impression')"
+    clicks = "COUNT(*) FILTER (WHERE event_type = 'click')"
+    return f"""SELECT {key} AS entity_id, window_time,
+  {imps} AS impressions, {clicks} AS clicks, COUNT(*) FILTER (WHERE event_type = 'like') AS likes,
+  CASE WHEN {imps} > 0 THEN CAST({clicks} AS DOUBLE) / {imps} ELSE 0.0 END AS ctr,
+  CASE WHEN COUNT(dwell_ms) > 0 THEN CAST(SUM(dwell_ms) AS DOUBLE) / COUNT(dwell_ms) ELSE 0.0 END AS dwell_mean_ms
+FROM TABLE({window_table(size_s, slide_s)})
+GROUP BY window_start, window_end, window_time, {key}"""
+
+
+def base_rows_sql() -> str:
+    return f"SELECT {_ROW_HEAD}, 0 AS label, CAST(NULL AS STRING) AS kind, {_NULL_FEATURES} FROM impressions i"
+
+
+def label_rows_sql(attribution_s: int) -> str:
+    return f"""SELECT {_ROW_HEAD}, 1 AS label, CAST(NULL AS STRING) AS kind, {_NULL_FEATURES}
+FROM impressions i JOIN engagements e
+  ON i.user_id = e.user_id AND i.item_id = e.item_id
+  AND e.event_time > i.event_time AND e.event_time <= i.event_time + {interval(attribution_s)}"""
+
+
+def feature_rows_sql(view: str, entity_type: str, horizon_s: int, slide_s: int) -> str:
+    key = {"user": "i.user_id", "item": "i.item_id"}[entity_type]
+    cols = ", ".join(f"{_AGG_COLUMNS[a]} AS f_{a}" for a in AGGREGATES)
+    return f"""SELECT {_ROW_HEAD}, 0 AS label, {quote(f'{entity_type}.{horizon_s}')} AS kind, {cols}
+FROM impressions i JOIN {view} f
+  ON {key} = f.entity_id
+  AND f.window_time < i.event_time AND f.window_time >= i.event_time - {interval(slide_s)}"""
+
+
+def samples_sql(rows_view: str, window_s: int) -> str:
+    features = []
+    for name in FEATURE_NAMES:
+        entity, horizon, agg = name.split(".")
+        kind = f"{entity}.{horizon[:-1]}"
+        features.append(f"CAST(COALESCE(MAX(CASE WHEN kind = {quote(kind)} THEN f_{agg} END), 0.0) AS FLOAT)")
+    return f"""SELECT
+  CAST(user_id AS BYTES) AS user_id_key,
+  event_id AS sample_id, user_id, item_id,
+  CAST(TO_TIMESTAMP_LTZ(MAX(event_time_ms), 3) AS TIMESTAMP(3)) AS event_time,
+  MAX(label) AS label,
+  ARRAY[{", ".join(features)}] AS features,
+  {quote(FEATURE_SET)} AS feature_set,
+  MAX(`position`) AS `position`,
+  {header_literal('TrainingSample')} AS headers
+FROM TABLE(TUMBLE(TABLE {rows_view}, DESCRIPTOR(t), {interval(window_s)}))
+GROUP BY window_start, window_end, event_id, user_id, item_id"""

@@ -1,0 +1,60 @@
+"""Running the feature job embedded for a test, and feeding it crafted events."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from flink_jobs.environment import table_environment
+from flink_jobs.feature_job import build_job
+from rtrec.settings import Settings
+from schemas.kafka_io import AvroProducer, ConsumedBatch, ensure_topics, producer_config, read_topic
+
+T = 1_699_999_998_000  # a multiple of 3000 ms: window edges fall on round offsets from it
+
+
+def job_settings(settings: Settings, **flink: Any) -> Settings:
+    f = settings.flink.model_copy(update={"horizons_s": (6,), "horizon_slides_s": (3,), "checkpoint_interval_ms": 1000,
+                                          "group_id": f"job-{settings.redis.key_prefix}", **flink})
+    return settings.model_copy(update={"flink": f})
+
+
+def event(eid: str, etype: str, user: str, item: str, offset_ms: int, dwell: int | None = None) -> dict:
+    return {"event_id": eid, "user_id": user, "item_id": item, "event_type": etype, "event_time": T + offset_ms,
+            "dwell_ms": dwell, "position": None, "session_id": None}
+
+
+def produce(settings: Settings, events: list[dict]) -> None:
+    producer = AvroProducer(producer_config(settings.kafka.bootstrap_servers), settings.kafka.topics.events,
+                            "InteractionEvent")
+    for e in events:
+        producer.produce(e, key=e["user_id"], timestamp_ms=e["event_time"])
+        producer.flush()  # one by one: arrival order is the test's order
+
+
+def create_topics(settings: Settings, partitions: int = 1) -> None:
+    ensure_topics(settings.kafka.bootstrap_servers, list(settings.kafka.topics.model_dump().values()), partitions)
+
+
+@contextlib.contextmanager
+def running_job(settings: Settings, **build: Any) -> Iterator[Any]:
+    t_env = table_environment(settings)
+    result = build_job(settings, t_env, **build).execute()
+    client = result.get_job_client()
+    try:
+        yield client
+    finally:
+        with contextlib.suppress(Exception):
+            client.cancel().result()
+
+
+def wait_for(settings: Settings, topic: str, schema_name: str, done: Callable[[ConsumedBatch], bool],
+             timeout_s: float = 90.0) -> ConsumedBatch:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = read_topic(settings.kafka.bootstrap_servers, topic, schema_name, timeout_s=10)
+        if done(got) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.5)

@@ -1,0 +1,62 @@
+"""The feature job on the real broker, embedded Flink mini-cluster."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import Producer
+
+from rtrec.settings import Settings
+from tests.flink_jobs.harness import T, create_topics, event, job_settings, produce, running_job, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def by_key(records: list[dict]) -> dict[tuple, dict]:
+    return {(r["entity_type"], r["entity_id"], r["horizon_s"], r["window_start"] - T): r for r in records}
+
+
+def test_exact_windows_out_of_order_late_and_malformed(settings: Settings) -> None:
+    s = job_settings(settings)
+    create_topics(s)
+    phase1 = [
+        event("e1", "impression", "u1", "i1", 100), event("e2", "impression", "u1", "i2", 500),
+        event("e3", "click", "u1", "i1", 900, dwell=1000), event("e4", "impression", "u2", "i1", 2900),
+        event("e5", "impression", "u2", "i2", 1000),  # out of order, within the 2 s bound
+        event("e6", "impression", "u1", "i1", 3500), event("e7", "click", "u1", "i1", 4000, dwell=3000),
+        event("e8", "impression", "u3", "i3", 9000),  # watermark -> T+7000: windows up to T+6000 close
+    ]
+    with running_job(s):
+        produce(s, phase1)
+        raw = Producer({"bootstrap.servers": s.kafka.bootstrap_servers})
+        raw.produce(s.kafka.topics.events, value=b"\x00\x01garbage",
+                    headers=[("rtrec-schema", b"InteractionEvent:0000000000000000")])
+        raw.flush(10)
+        first = wait_for(s, s.kafka.topics.features, "FeatureRecord",
+                         lambda got: any(r["window_start"] == T + 3000 for r in got.records))
+        assert first.records, "no feature records after phase 1"
+        produce(s, [event("e9", "impression", "u1", "i1", 2000),  # late: its window closed at T+3000
+                    event("e10", "impression", "u9", "i9", 60_000)])  # flushes every window before T+58000
+        got = wait_for(s, s.kafka.topics.features, "FeatureRecord",
+                       lambda got: any(r["entity_id"] == "u3" and r["horizon_s"] == 3 for r in got.records))
+        dead = wait_for(s, s.kafka.topics.dead_letter, "DeadLetter", lambda got: len(got.records) >= 2)
+
+    features = by_key(got.records)
+    u1 = features[("user", "u1", 3, 0)]
+    assert (u1["impressions"], u1["clicks"], u1["ctr"], u1["dwell_sum_ms"], u1["dwell_mean_ms"],
+            u1["distinct_counterparts"]) == (2, 1, 0.5, 1000, 1000.0, 2)
+    assert u1["window_end"] - T == 3000
+    u2 = features[("user", "u2", 3, 0)]
+    assert (u2["impressions"], u2["clicks"], u2["distinct_counterparts"]) == (2, 0, 2)  # e5 counted
+    i1 = features[("item", "i1", 3, 0)]
+    assert (i1["impressions"], i1["clicks"], i1["ctr"], i1["distinct_counterparts"]) == (2, 1, 0.5, 2)
+    assert features[("user_item", "u1|i1", 3, 0)]["ctr"] == 1.0
+    second = features[("user", "u1", 3, 3000)]
+    assert (second["impressions"], second["clicks"], second["dwell_sum_ms"]) == (1, 1, 3000)
+    # 6 s horizon sliding by 3 s: [T-3000, T+3000) and [T, T+6000)
+    assert features[("user", "u1", 6, 0)]["impressions"] == 3 and features[("user", "u1", 6, -3000)]["clicks"] == 1
+    # the late e9 changed nothing and is in the dead-letter topic with its reason, next to the malformed one
+    assert len([r for r in got.records if (r["entity_id"], r["horizon_s"], r["window_start"]) == ("u1", 3, T)]) == 1
+    reasons = sorted(d["reason"] for d in dead.records)
+    assert any(r.startswith("late: event_time 1700000000000") for r in reasons), reasons
+    assert any(r.startswith("unknown schema InteractionEvent:0000000000000000") for r in reasons), reasons
+    assert all(d["stage"] == "feature-job" and d["source_topic"] == s.kafka.topics.events for d in dead.records)

@@ -1,0 +1,43 @@
+"""Training samples from the feature job: labels within the attribution window, point-in-time features."""
+
+from __future__ import annotations
+
+import pytest
+
+from feature_store.feature_set import FEATURE_NAMES
+from rtrec.settings import Settings
+from tests.flink_jobs.harness import T, create_topics, event, job_settings, produce, running_job, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def test_labels_and_point_in_time_features(settings: Settings) -> None:
+    s = job_settings(settings, horizons_s=(60, 600), horizon_slides_s=(3, 30), attribution_window_s=5)
+    create_topics(s)
+    events = [
+        event("a1", "impression", "u1", "i1", 100), event("a2", "click", "u1", "i1", 200),
+        event("a3", "impression", "u1", "i2", 3100),
+        event("p", "impression", "u1", "i1", 6000),
+        event("c_at", "click", "u1", "i1", 6000),  # same instant as p: not in p's features, not its label
+        event("c_after", "like", "u1", "i1", 7000),  # within 5 s after p: p is positive
+        event("q", "impression", "u2", "i3", 6500),
+        event("flush", "impression", "u9", "i9", 120_000),
+    ]
+    with running_job(s):
+        produce(s, events)
+        got = wait_for(s, s.kafka.topics.samples, "TrainingSample", lambda got: len(got.records) >= 4)
+    samples = {r["sample_id"]: r for r in got.records}
+    assert set(samples) == {"a1", "a3", "p", "q"}  # flush's attribution window is still open
+    p = samples["p"]
+    assert p["label"] == 1 and p["user_id"] == "u1" and p["event_time"] == T + 6000
+    features = dict(zip(FEATURE_NAMES, p["features"], strict=True))
+    # user u1 over the 60 s window ending exactly at T+6000: a1, a2, a3, not the click at T+6000
+    assert (features["user.60s.impressions"], features["user.60s.clicks"], features["user.60s.ctr"]) == (2, 1, 0.5)
+    # the 600 s horizon slides by 30 s: its newest closed window (end T-18000) holds none of it yet
+    assert features["user.600s.impressions"] == 0
+    assert (features["item.60s.impressions"], features["item.60s.clicks"], features["item.60s.ctr"]) == (1, 1, 1.0)
+    assert samples["q"]["label"] == 0 and set(samples["q"]["features"]) == {0.0}
+    assert samples["a1"]["label"] == 1  # a2 clicked 100 ms later
+    assert samples["a3"]["label"] == 0
+    a3 = dict(zip(FEATURE_NAMES, samples["a3"]["features"], strict=True))
+    assert a3["user.60s.impressions"] == 1 and a3["user.60s.clicks"] == 1  # window ending T+3000
