@@ -25,7 +25,7 @@ def test_exact_windows_out_of_order_late_and_malformed(settings: Settings) -> No
         event("e6", "impression", "u1", "i1", 3500), event("e7", "click", "u1", "i1", 4000, dwell=3000),
         event("e8", "impression", "u3", "i3", 9000),  # watermark -> T+7000: windows up to T+6000 close
     ]
-    with running_job(s):
+    with running_job(s, with_samples=False):
         produce(s, phase1)
         raw = Producer({"bootstrap.servers": s.kafka.bootstrap_servers})
         raw.produce(s.kafka.topics.events, value=b"\x00\x01garbage",
