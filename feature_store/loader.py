@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from feature_store.redis_store import RedisFeatureStore
 from schemas.kafka_io import AvroConsumer, AvroProducer, ensure_topics, producer_config
@@ -23,6 +23,8 @@ class LoaderStats:
     slots_written: int = 0
     rejected: int = 0
     batches: int = 0
+    # per record: wall-clock ms when it became readable in Redis minus its window end
+    latencies_ms: list[int] = field(default_factory=list)
 
 
 def run_loader(bootstrap: str, topic: str, dead_letter_topic: str, group_id: str, store: RedisFeatureStore,
@@ -42,6 +44,8 @@ def run_loader(bootstrap: str, topic: str, dead_letter_topic: str, group_id: str
             got = consumer.poll_batch(max_records=batch, timeout_s=0.2)
             if got.records:
                 stats.slots_written += store.write_batch(got.records)
+                readable_at = int(time.time() * 1000)
+                stats.latencies_ms.extend(readable_at - r["window_end"] for r in got.records)
                 stats.records += len(got.records)
                 stats.batches += 1
             if got.rejected:

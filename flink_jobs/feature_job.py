@@ -58,8 +58,10 @@ def build_job(settings: Settings, t_env: TableEnvironment, startup: Mapping[str,
     statements = t_env.create_statement_set()
     windows = [(f.window_s, f.window_s), *zip(f.horizons_s, f.horizon_slides_s, strict=True)]
     # One INSERT (a UNION ALL): a Kafka sink per INSERT would need its own transactional id prefix.
-    union = "\nUNION ALL\n".join(window_sql(entity, size_s, slide_s) for entity in ("user", "item", "user_item")
-                                  for size_s, slide_s in windows)
+    # user-item pairs get the base window only: their long horizons would multiply the output rows.
+    queries = [window_sql(entity, size_s, slide_s) for entity in ("user", "item") for size_s, slide_s in windows]
+    queries.append(window_sql("user_item", f.window_s, f.window_s))
+    union = "\nUNION ALL\n".join(queries)
     statements.add_insert_sql(f"INSERT INTO features_sink {union}")
     dead = dead_letters_sql("decoded", k.topics.events, f.window_s)
     statements.add_insert_sql(f"INSERT INTO dead_letter_sink {dead}")

@@ -77,12 +77,14 @@ class SyntheticSettings(Section):
     """The demo's event generator (see rtrec/sources/synthetic.py for the model)."""
 
     seed: int = 7
-    n_users: int = 2_000
-    n_items: int = 5_000
+    n_users: int = 500
+    n_items: int = 2_000
     zipf_exponent: float = 1.1
     latent_dim: int = 8
     drift_per_hour: float = 0.5
     base_ctr: float = 0.05
+    user_bias_std: float = 0.8  # some users click more than others
+    item_bias_std: float = 0.8  # some items are more attractive
     like_rate: float = 0.2
     click_delay_mean_ms: int = 2_000
     out_of_order_fraction: float = 0.02
@@ -127,7 +129,7 @@ class TrainerSettings(Section):
     batch_size: int = 4096
     batch_timeout_ms: int = 500
     lr: float = 0.01
-    dense_lr: float = 0.005
+    dense_lr: float = 0.02
     ema_enabled: bool = True
     ema_momentum: float = 0.9
     ewc_enabled: bool = True

@@ -32,6 +32,11 @@ class DeepFM(nn.Module):
             nn.init.normal_(table.weight, std=init_std)
         for table in (self.user_bias, self.item_bias):
             nn.init.zeros_(table.weight)
+        nn.init.zeros_(self.dense_linear.weight)
+        nn.init.zeros_(self.dense_linear.bias)
+        last = self.mlp[-1]
+        assert isinstance(last, nn.Linear)
+        nn.init.zeros_(last.weight)  # the deep part starts at 0 and grows from the data
 
     def forward(self, user_idx: torch.Tensor, item_idx: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
         x = signed_log1p(dense)

@@ -21,6 +21,9 @@ class IncrementalMF(nn.Module):
             nn.init.normal_(table.weight, std=init_std)
         for table in (self.user_bias, self.item_bias):
             nn.init.zeros_(table.weight)
+        # A fresh model starts neutral: random dense weights would rank by noise until enough steps pass.
+        nn.init.zeros_(self.dense.weight)
+        nn.init.zeros_(self.dense.bias)
 
     def forward(self, user_idx: torch.Tensor, item_idx: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
         interaction = (self.user(user_idx) * self.item(item_idx)).sum(-1)

@@ -1,48 +1,51 @@
-"""`rtrec demo`: services up, synthetic events produced, consumed back, summary printed."""
+"""`rtrec demo`: the whole loop on the local services, with a summary and plots."""
 
 from __future__ import annotations
 
-import time
-from collections import Counter
+from pathlib import Path
 
 import click
+import numpy as np
 
-from rtrec.services import manager
 from rtrec.services.process import ServiceError
 from rtrec.settings import Settings
-from rtrec.sources.produce import produce_synthetic
-from schemas.kafka_io import read_topic
 
 
 @click.command("demo")
-@click.option("-n", "--events", type=int, default=50_000, show_default=True)
-@click.option("--keep-services/--stop-services", default=True, show_default=True,
-              help="Leave Kafka and Redis running afterwards.")
+@click.option("--seconds", type=float, default=60.0, show_default=True, help="How long events are produced.")
+@click.option("--rate", type=float, default=2000.0, show_default=True, help="Synthetic events per second.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=Path("demo-out"),
+              show_default=True, help="Where the PNG plots go.")
 @click.pass_obj
-def demo_command(settings: Settings, events: int, keep_services: bool) -> None:
-    """Run the local streaming demo end to end and print a summary."""
+def demo_command(settings: Settings, seconds: float, rate: float, out_dir: Path) -> None:
+    """Events -> Flink features and samples -> Redis + Kafka -> trainer -> snapshots; Ctrl-C stops cleanly."""
+    from rtrec.demo import run_demo
+
     try:
-        for name, text in manager.up(settings.services).items():
-            click.echo(f"[services] {name}: {text}")
+        r = run_demo(settings, seconds, rate, say=click.echo, out_dir=out_dir)
     except ServiceError as exc:
         raise click.ClickException(str(exc)) from exc
-    try:
-        started_ms = int(time.time() * 1000)
-        click.echo(f"[produce] {events} synthetic events -> {settings.kafka.topics.events}")
-        produced = produce_synthetic(settings, events, start_ms=started_ms)
-        run_prefix = f"syn{settings.synthetic.seed}-{started_ms}-"
-        began = time.monotonic()
-        # The topic may hold earlier runs' events: read all of it, count this run's by event id.
-        batch = read_topic(settings.kafka.bootstrap_servers, settings.kafka.topics.events, "InteractionEvent")
-        mine = Counter(r["event_type"] for r in batch.records if r["event_id"].startswith(run_prefix))
-        total = len(batch.records)
-        consumed_s = time.monotonic() - began
-        click.echo("\n== summary ==")
-        click.echo(f"produced      {produced.produced} events in {produced.seconds:.1f}s ({produced.rate:,.0f} ev/s)")
-        click.echo(f"consumed back {sum(mine.values())} of this run's events ({total} in topic) in {consumed_s:.1f}s")
-        click.echo("by type       " + ", ".join(f"{k}={v}" for k, v in sorted(mine.items())))
-        if sum(mine.values()) != produced.produced:
-            raise click.ClickException(f"consumed {sum(mine.values())} events, produced {produced.produced}")
-    finally:
-        if not keep_services:
-            manager.down(settings.services)
+    aucs = [h["auc"] for h in r.auc_history if h["auc"] is not None]
+    lat = np.array(r.feature_latency_ms) / 1000.0
+    click.echo("\n== summary ==")
+    click.echo(f"run               {r.run_id}")
+    click.echo(f"events            {r.events}")
+    click.echo(f"feature windows   {r.feature_records} records on the features topic")
+    click.echo(f"features in Redis {r.redis_keys} entities ({r.redis_slots} window slots written)")
+    click.echo(f"training samples  {r.samples}")
+    click.echo(f"dead letters      {r.dead_letters}")
+    if aucs:
+        marks = [aucs[int(i)] for i in np.linspace(0, len(aucs) - 1, min(6, len(aucs)))]
+        click.echo("prequential AUC   " + " -> ".join(f"{a:.3f}" for a in marks))
+    if r.frozen_auc:
+        step = max(1, len(r.frozen_auc) // 6)
+        click.echo("frozen model AUC  " + " -> ".join(f"{a:.3f}" for _, a in r.frozen_auc[::step]))
+    click.echo(f"snapshots         {len(r.snapshots)} written, promoted {r.promoted}")
+    if len(lat):
+        click.echo(f"feature freshness window end -> Redis p50 {np.median(lat):.2f}s p99 {np.percentile(lat, 99):.2f}s")
+    if r.trainer_freshness_s is not None:
+        click.echo(f"model freshness   newest event in the current snapshot was {r.trainer_freshness_s:.1f}s old")
+    for path in r.plots:
+        click.echo(f"plot              {path}")
+    if not r.samples or not r.promoted:
+        raise click.ClickException("the loop did not complete: no samples or no promoted snapshot")

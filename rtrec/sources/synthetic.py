@@ -2,7 +2,7 @@
 
 Model: items have Zipf popularity; users and items have latent vectors, and each user's vector
 rotates slowly between two directions (preference drift, `drift_per_hour` radians per hour of
-event time). Every impression is clicked with probability sigmoid(logit(base_ctr) + 2*affinity);
+event time). Every impression is clicked with probability sigmoid(logit(base_ctr) + 2*affinity + user bias + item bias);
 a click follows after an exponential delay and carries a dwell time that grows with affinity; a
 clicked item is liked with probability `like_rate`. A small fraction of events arrive late
 (out of order) by up to `out_of_order_max_ms`. The same seed and start time give the same events.
@@ -41,6 +41,8 @@ class SyntheticEvents:
         self._user_b = rng.normal(size=(cfg.n_users, d)) / math.sqrt(d)
         self._user_phase = rng.uniform(0, 2 * math.pi, size=cfg.n_users)
         self._item_v = rng.normal(size=(cfg.n_items, d))
+        self._user_bias = rng.normal(0.0, cfg.user_bias_std, size=cfg.n_users)
+        self._item_bias = rng.normal(0.0, cfg.item_bias_std, size=cfg.n_items)
         ranks = np.arange(1, cfg.n_items + 1, dtype=np.float64)
         weights = ranks ** -cfg.zipf_exponent
         self._item_cdf = np.cumsum(weights) / weights.sum()
@@ -74,7 +76,8 @@ class SyntheticEvents:
         users = rng.integers(0, cfg.n_users, size=CHUNK)
         items = self._item_by_rank[np.searchsorted(self._item_cdf, rng.random(CHUNK))]
         affinity = self._affinity(users, items, times)
-        p_click = 1.0 / (1.0 + np.exp(-(self._base_logit + 2.0 * affinity)))
+        logit = self._base_logit + 2.0 * affinity + self._user_bias[users] + self._item_bias[items]
+        p_click = 1.0 / (1.0 + np.exp(-logit))
         clicked = rng.random(CHUNK) < p_click
         click_delay = rng.exponential(cfg.click_delay_mean_ms, size=CHUNK)
         dwell = rng.lognormal(mean=8.5 + 0.5 * np.clip(affinity, -2, 2), sigma=0.6, size=CHUNK)

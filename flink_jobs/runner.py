@@ -1,0 +1,32 @@
+"""Running the feature job: embedded mini-cluster (in this process), resuming from the newest
+retained checkpoint unless told to start fresh."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flink_jobs.environment import table_environment
+from flink_jobs.feature_job import build_job
+from rtrec.settings import Settings
+
+log = logging.getLogger("rtrec.flink")
+
+
+def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
+    """The newest complete checkpoint (`<dir>/<job id>/chk-N/_metadata`) of any earlier run."""
+    found = sorted(checkpoint_dir.glob("*/chk-*/_metadata"), key=lambda p: p.stat().st_mtime)
+    return found[-1].parent if found else None
+
+
+def start_job(settings: Settings, resume: bool = True, startup: Mapping[str, str] | None = None,
+              job_id: str = "features", with_samples: bool = True, streaming: bool = True) -> Any:
+    """Submits the job to the embedded mini-cluster and returns its TableResult (the job runs on)."""
+    t_env = table_environment(settings, streaming=streaming)
+    checkpoint = latest_checkpoint(settings.flink.checkpoint_dir) if resume else None
+    if checkpoint is not None:
+        log.info("resuming from checkpoint %s", checkpoint)
+        t_env.get_config().set("execution.state-recovery.path", str(checkpoint))
+    return build_job(settings, t_env, startup=startup, job_id=job_id, with_samples=with_samples).execute()

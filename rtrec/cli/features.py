@@ -1,0 +1,75 @@
+"""`rtrec features run|get|load`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+
+import click
+
+from feature_store.redis_store import RedisFeatureStore
+from rtrec.settings import Settings
+
+
+def _store(settings: Settings) -> RedisFeatureStore:
+    return RedisFeatureStore(settings.redis.url, settings.redis.key_prefix, settings.redis.ttl_s)
+
+
+@click.group("features")
+def features_group() -> None:
+    """The windowed feature job and the online feature store."""
+
+
+@features_group.command("run")
+@click.option("--fresh", is_flag=True, help="Ignore retained checkpoints (start from committed group offsets).")
+@click.option("--no-loader", is_flag=True, help="Do not feed Redis from the features topic in this process.")
+@click.pass_obj
+def run(settings: Settings, fresh: bool, no_loader: bool) -> None:
+    """Run the feature job on an embedded mini-cluster plus the Redis loader, until Ctrl-C."""
+    from feature_store.loader import run_loader
+    from flink_jobs.runner import start_job
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    result = start_job(settings, resume=not fresh)
+    client = result.get_job_client()
+    click.echo(f"feature job {client.get_job_id()} running; Ctrl-C stops it")
+    loader = None
+    if not no_loader:
+        k = settings.kafka
+        loader = threading.Thread(target=run_loader, daemon=True, kwargs={
+            "bootstrap": k.bootstrap_servers, "topic": k.topics.features, "dead_letter_topic": k.topics.dead_letter,
+            "group_id": settings.flink.loader_group_id, "store": _store(settings), "batch": settings.flink.loader_batch,
+            "should_stop": stop.is_set, "partitions": k.partitions})
+        loader.start()
+    try:
+        while not stop.wait(1.0):
+            if str(client.get_job_status().result()) in ("FAILED", "CANCELED", "FINISHED"):
+                raise click.ClickException(f"feature job ended: {client.get_job_status().result()}")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop.set()
+        client.cancel().result()
+        if loader is not None:
+            loader.join(10)
+    click.echo("stopped (checkpoints are retained; the next run resumes from the newest)")
+
+
+@features_group.command("get")
+@click.argument("entity_type", type=click.Choice(["user", "item", "user_item"]))
+@click.argument("ids", nargs=-1, required=True)
+@click.option("--names", default="3s.impressions,3s.clicks,60s.impressions,60s.clicks,60s.ctr,600s.ctr",
+              show_default=True, help="Comma-separated <horizon>s.<feature> names.")
+@click.pass_obj
+def get(settings: Settings, entity_type: str, ids: tuple[str, ...], names: str) -> None:
+    """Print online features (and each value's window end) from Redis as JSON lines."""
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    try:
+        got = _store(settings).get_online_features(entity_type, list(ids), wanted)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    for entity_id, values, ends in zip(ids, got.values, got.window_end_ms, strict=True):
+        click.echo(json.dumps({"id": entity_id, "features": dict(zip(wanted, values, strict=True)),
+                               "window_end_ms": dict(zip(wanted, ends, strict=True))}))
