@@ -73,3 +73,64 @@ def get(settings: Settings, entity_type: str, ids: tuple[str, ...], names: str) 
     for entity_id, values, ends in zip(ids, got.values, got.window_end_ms, strict=True):
         click.echo(json.dumps({"id": entity_id, "features": dict(zip(wanted, values, strict=True)),
                                "window_end_ms": dict(zip(wanted, ends, strict=True))}))
+
+
+@features_group.group("cluster")
+def cluster_group() -> None:
+    """A standalone Flink cluster on 127.0.0.1 (the pip package's bin/ scripts), REST on :18081."""
+
+
+@cluster_group.command("up")
+@click.pass_obj
+def cluster_up(settings: Settings) -> None:
+    from rtrec.services.flink_cluster import FlinkCluster
+    from rtrec.services.process import ServiceError
+
+    try:
+        click.echo(FlinkCluster(settings.services).start())
+    except ServiceError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@cluster_group.command("down")
+@click.pass_obj
+def cluster_down(settings: Settings) -> None:
+    from rtrec.services.flink_cluster import FlinkCluster
+
+    click.echo(FlinkCluster(settings.services).stop())
+
+
+@cluster_group.command("status")
+@click.pass_obj
+def cluster_status(settings: Settings) -> None:
+    from rtrec.services.flink_cluster import FlinkCluster
+
+    click.echo(FlinkCluster(settings.services).status())
+
+
+@features_group.command("submit")
+@click.option("--no-samples", is_flag=True)
+@click.pass_obj
+def submit(settings: Settings, no_samples: bool) -> None:
+    """Submit the same job file to the standalone cluster (`rtrec features cluster up` first).
+
+    The job reads its settings from the same RTREC_* env vars and --config file as this command.
+    """
+    from pathlib import Path
+
+    from rtrec.services.flink_cluster import FlinkCluster
+    from rtrec.services.process import ServiceError
+
+    cluster = FlinkCluster(settings.services)
+    if not cluster.healthy():
+        raise click.ClickException("no Flink cluster answers on :18081; run `rtrec features cluster up` first")
+    job_file = Path(__file__).resolve().parents[2] / "flink_jobs" / "submit.py"
+    ctx = click.get_current_context()
+    args = ["--no-samples"] if no_samples else []
+    config = ctx.find_root().params.get("config_file")
+    if config:
+        args += ["--config", str(config)]
+    try:
+        click.echo(f"submitted job {cluster.submit(job_file, args)} to {cluster.rest_url}")
+    except ServiceError as exc:
+        raise click.ClickException(str(exc)) from exc
