@@ -7,8 +7,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from flink_jobs.environment import table_environment
-from flink_jobs.feature_job import build_job
+from flink_jobs.runner import start_job
 from rtrec.settings import Settings
 from schemas.kafka_io import AvroProducer, ConsumedBatch, ensure_topics, producer_config, read_topic
 
@@ -39,9 +38,8 @@ def create_topics(settings: Settings, partitions: int = 1) -> None:
 
 
 @contextlib.contextmanager
-def running_job(settings: Settings, **build: Any) -> Iterator[Any]:
-    t_env = table_environment(settings)
-    result = build_job(settings, t_env, **build).execute()
+def running_job(settings: Settings, resume: bool = False, **build: Any) -> Iterator[Any]:
+    result = start_job(settings, resume=resume, **build)
     client = result.get_job_client()
     try:
         yield client
