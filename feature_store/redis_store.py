@@ -1,9 +1,9 @@
 """Redis implementation of the online store (see keys.py for the layout).
 
-Writes go through one pipeline per batch, one server-side script call per (entity, horizon) slot:
-the script replaces the slot only when the incoming window ends at or after the stored one, so
+Writes go through one pipeline per batch, one server-side script call per 500 (entity, horizon)
+slots: the script replaces a slot only when the incoming window ends at or after the stored one, so
 replays, restarts and backfills never overwrite newer values. Inside a batch the newest window per
-slot is picked before anything is sent.
+slot is picked before anything is sent. Reads are one script call per 500 entities, too.
 """
 
 from __future__ import annotations
@@ -19,16 +19,38 @@ from feature_store.keys import entity_key, field_name, split_feature_name, windo
 VALUE_FIELDS = ("impressions", "clicks", "likes", "carts", "orders", "ctr", "dwell_sum_ms", "dwell_mean_ms",
                 "distinct_counterparts")
 
-# KEYS[1] entity hash; ARGV: ttl_s, window-end field, window end, then field/value pairs.
+# Many slots per call. KEYS: the entity hashes. ARGV: ttl_s, n_fields, then per key: the window-end
+# field, the window end, and n_fields field/value pairs. A slot is replaced only when the incoming
+# window ends at or after the stored one. Returns how many slots were replaced.
 NEWEST_WINS = """
-local current = redis.call('HGET', KEYS[1], ARGV[2])
-if current and tonumber(current) > tonumber(ARGV[3]) then return 0 end
-local args = {ARGV[2], ARGV[3]}
-for i = 4, #ARGV do args[#args + 1] = ARGV[i] end
-redis.call('HSET', KEYS[1], unpack(args))
-if tonumber(ARGV[1]) > 0 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
-return 1
+local ttl = tonumber(ARGV[1])
+local n = tonumber(ARGV[2])
+local stride = 2 + 2 * n
+local written = 0
+for k = 1, #KEYS do
+  local base = 2 + (k - 1) * stride
+  local current = redis.call('HGET', KEYS[k], ARGV[base + 1])
+  if not current or tonumber(current) <= tonumber(ARGV[base + 2]) then
+    local args = {ARGV[base + 1], ARGV[base + 2]}
+    for i = base + 3, base + stride do args[#args + 1] = ARGV[i] end
+    redis.call('HSET', KEYS[k], unpack(args))
+    if ttl > 0 then redis.call('EXPIRE', KEYS[k], ttl) end
+    written = written + 1
+  end
+end
+return written
 """
+
+# Many reads per call: KEYS the entity hashes, ARGV the fields; one flat array back.
+READ_MANY = """
+local out = {}
+for k = 1, #KEYS do
+  local values = redis.call('HMGET', KEYS[k], unpack(ARGV))
+  for i = 1, #values do out[#out + 1] = values[i] end
+end
+return out
+"""
+SLOTS_PER_CALL = 500
 
 
 def latest_per_slot(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -47,10 +69,6 @@ def latest_per_slot(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, A
     return list(best.values())
 
 
-def _to_float(raw: bytes | None) -> float | None:
-    return None if raw is None else float(raw)
-
-
 class RedisFeatureStore:
     """FeatureWriter and FeatureReader over one Redis database; the client is created on first use."""
 
@@ -60,30 +78,41 @@ class RedisFeatureStore:
         self.ttl_s = ttl_s
         self._client: redis.Redis | None = None
         self._script: Any = None
+        self._reader: Any = None
 
     @property
     def client(self) -> redis.Redis:
         if self._client is None:
             self._client = redis.Redis.from_url(self.url)
-            self._script = self._client.register_script(NEWEST_WINS)
         return self._client
+
+    def _scripts(self) -> tuple[Any, Any]:
+        client = self.client
+        if self._script is None or self._reader is None:
+            self._script = client.register_script(NEWEST_WINS)
+            self._reader = client.register_script(READ_MANY)
+        return self._script, self._reader
 
     def write_batch(self, records: Sequence[Mapping[str, Any]]) -> int:
         latest = latest_per_slot(records)
         if not latest:
             return 0
-        client = self.client
-        pipe = client.pipeline(transaction=False)
-        for r in latest:
-            h = r["horizon_s"]
-            args: list[Any] = [self.ttl_s, window_end_field(h), r["window_end"]]
-            for name in VALUE_FIELDS:
-                args += [field_name(h, name), r[name]]
-            self._script(keys=[entity_key(self.prefix, r["entity_type"], r["entity_id"])], args=args, client=pipe)
+        writer, _ = self._scripts()
+        pipe = self.client.pipeline(transaction=False)
+        for start in range(0, len(latest), SLOTS_PER_CALL):
+            chunk = latest[start:start + SLOTS_PER_CALL]
+            keys = [entity_key(self.prefix, r["entity_type"], r["entity_id"]) for r in chunk]
+            args: list[Any] = [self.ttl_s, len(VALUE_FIELDS)]
+            for r in chunk:
+                h = r["horizon_s"]
+                args += [window_end_field(h), r["window_end"]]
+                for name in VALUE_FIELDS:
+                    args += [field_name(h, name), r[name]]
+            writer(keys=keys, args=args, client=pipe)
         try:
             results = pipe.execute()
         except redis.exceptions.NoScriptError:
-            self._script = client.register_script(NEWEST_WINS)
+            self._script = self._reader = None
             return self.write_batch(records)
         return int(sum(results))
 
@@ -91,15 +120,22 @@ class RedisFeatureStore:
         parsed = [split_feature_name(n) for n in names]
         horizons = sorted({h for h, _ in parsed})
         fields = list(names) + [window_end_field(h) for h in horizons]
+        _, reader = self._scripts()
+        keys = [entity_key(self.prefix, entity_type, entity_id) for entity_id in ids]
         pipe = self.client.pipeline(transaction=False)
-        for entity_id in ids:
-            pipe.hmget(entity_key(self.prefix, entity_type, entity_id), fields)
-        rows = pipe.execute()
+        for start in range(0, len(keys), SLOTS_PER_CALL):
+            reader(keys=keys[start:start + SLOTS_PER_CALL], args=fields, client=pipe)
+        try:
+            flat = [v for part in pipe.execute() for v in part]
+        except redis.exceptions.NoScriptError:
+            self._script = self._reader = None
+            return self.get_online_features(entity_type, ids, names)
+        n, width = len(names), len(fields)
+        position = {h: n + i for i, h in enumerate(horizons)}
         values: list[list[float | None]] = []
         ends: list[list[int | None]] = []
-        n = len(names)
-        for row in rows:
-            end_by_h = {h: (None if raw is None else int(raw)) for h, raw in zip(horizons, row[n:], strict=True)}
-            values.append([_to_float(raw) for raw in row[:n]])
-            ends.append([end_by_h[h] for h, _ in parsed])
+        for start in range(0, len(flat), width):
+            row = flat[start:start + width]
+            values.append([None if raw is None else float(raw) for raw in row[:n]])
+            ends.append([None if row[position[h]] is None else int(row[position[h]]) for h, _ in parsed])
         return OnlineFeatures(list(names), values, ends)

@@ -1,0 +1,220 @@
+"""Feature-job figures on the local services:
+
+- pipeline: events/s through the windows into every sink (features, samples, dead letters) and, in
+  the same run, the same window query into a blackhole sink; the ratio is the figure (both bounded
+  over the same pre-produced events; job start-up, measured on an empty range, is subtracted);
+- loader: windowed rows/s from the features topic into Redis;
+- freshness: window close (window end + watermark delay) -> readable in Redis, p50/p99, live;
+- reads: entities/s through get_online_features (batches of 100 and 1000) against redis-benchmark's
+  pipelined HMGET rate for the same command shape.
+
+Run: `.venv/bin/python -m benchmarks.bench_features [--events 300000]`. Writes
+`benchmarks/out/feature_freshness.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.bench_trainer import services
+from benchmarks.common import emit
+from feature_store.feature_set import names_for
+from feature_store.loader import run_loader
+from feature_store.redis_store import RedisFeatureStore
+from flink_jobs.ddl import events_source_ddl
+from flink_jobs.environment import table_environment
+from flink_jobs.feature_job import build_job, decode_args
+from flink_jobs.feature_sql import decoded_view_sql, good_events_sql, window_sql
+from rtrec.settings import Settings, load_settings
+from rtrec.sources.produce import produce_synthetic
+from schemas.kafka_io import AvroProducer, ensure_topics, producer_config
+
+OUT = Path(__file__).parent / "out"
+
+
+def isolated(settings: Settings, **flink: object) -> Settings:
+    suffix = uuid.uuid4().hex[:8]
+    topics = settings.kafka.topics.model_copy(update={k: f"{v}.bf{suffix}"
+                                                      for k, v in settings.kafka.topics.model_dump().items()})
+    return settings.model_copy(update={
+        "kafka": settings.kafka.model_copy(update={"topics": topics}),
+        "redis": settings.redis.model_copy(update={"key_prefix": f"bf{suffix}"}),
+        "flink": settings.flink.model_copy(update={"checkpoint_dir": Path(tempfile.mkdtemp()),
+                                                   "group_id": f"bf-{suffix}", "loader_group_id": f"bfl-{suffix}",
+                                                   **flink})})
+
+
+def bounded_seconds(s: Settings, blackhole: bool, startup: dict[str, str]) -> float:
+    t_env = table_environment(s)
+    began = time.perf_counter()
+    if blackhole:
+        k, f = s.kafka, s.flink
+        t_env.create_java_temporary_system_function("RTREC_DECODE_EVENT", "dev.rtrec.flink.DecodeInteractionEvent")
+        t_env.create_java_temporary_system_function("RTREC_EVENT_TIME", "dev.rtrec.flink.EventTimeOf")
+        args = decode_args(s)
+        t_env.execute_sql(events_source_ddl("events_raw", k.topics.events, k.bootstrap_servers, f.group_id + "b",
+                                            f.watermark_delay_ms, "RTREC_EVENT_TIME", args, startup))
+        t_env.create_temporary_view("decoded", t_env.sql_query(decoded_view_sql("events_raw", "RTREC_DECODE_EVENT",
+                                                                                args)))
+        t_env.create_temporary_view("events", t_env.sql_query(good_events_sql("decoded", f.window_s)))
+        windows = [(f.window_s, f.window_s), *zip(f.horizons_s, f.horizon_slides_s, strict=True)]
+        queries = [window_sql(e, a, b) for e in ("user", "item") for a, b in windows]
+        queries.append(window_sql("user_item", f.window_s, f.window_s))
+        t_env.execute_sql("CREATE TEMPORARY TABLE hole WITH ('connector' = 'blackhole') LIKE events_raw "
+                          "(EXCLUDING ALL)")
+        t_env.execute_sql(f"CREATE TEMPORARY TABLE sink_hole WITH ('connector' = 'blackhole') AS "
+                          f"SELECT * FROM ({queries[0]}) WHERE FALSE")
+        statements = t_env.create_statement_set()
+        statements.add_insert_sql("INSERT INTO sink_hole " + "\nUNION ALL\n".join(queries))
+        statements.execute().wait()
+    else:
+        build_job(s, t_env, startup=startup, job_id=f"bench-{uuid.uuid4().hex[:6]}").execute().wait()
+    return time.perf_counter() - began
+
+
+def pipeline(settings: Settings, n_events: int) -> None:
+    s = isolated(settings)
+    k = s.kafka
+    ensure_topics(k.bootstrap_servers, list(k.topics.model_dump().values()), k.partitions)
+    print(f"producing {n_events} synthetic events", file=sys.stderr)
+    produce_synthetic(s, n_events, start_ms=int(time.time() * 1000) - 3_600_000, progress=True)
+    everything = {"scan.startup.mode": "earliest-offset", "scan.bounded.mode": "latest-offset"}
+    nothing = {"scan.startup.mode": "latest-offset", "scan.bounded.mode": "latest-offset"}
+    overhead = bounded_seconds(s, False, nothing)
+    full = bounded_seconds(s, False, everything) - overhead
+    hole_overhead = bounded_seconds(s, True, nothing)
+    hole = bounded_seconds(s, True, everything) - hole_overhead
+    emit("features", "pipeline_all_sinks", n_events / full, "events/s", n_events, startup_s=round(overhead, 2))
+    emit("features", "pipeline_blackhole", n_events / hole, "events/s", n_events, startup_s=round(hole_overhead, 2))
+    emit("features", "pipeline_ratio_all_sinks_vs_blackhole", hole / full, "ratio", n_events)
+
+
+def feature_record(k: int, t: int) -> dict:
+    return {"entity_type": "user", "entity_id": f"u{k}", "horizon_s": 3, "window_start": t - 3000, "window_end": t,
+            "impressions": k % 7, "clicks": k % 3, "likes": 0, "carts": 0, "orders": 0, "ctr": 0.1,
+            "dwell_sum_ms": 100, "dwell_mean_ms": 50.0, "distinct_counterparts": 2}
+
+
+def loader_rate(settings: Settings, n_rows: int) -> None:
+    s = isolated(settings)
+    k = s.kafka
+    ensure_topics(k.bootstrap_servers, [k.topics.features, k.topics.dead_letter], k.partitions)
+    producer = AvroProducer(producer_config(k.bootstrap_servers), k.topics.features, "FeatureRecord")
+    now = int(time.time() * 1000)
+    for i in range(n_rows):
+        producer.produce(feature_record(i, now), key=f"u{i}")
+    producer.flush()
+    store = RedisFeatureStore(s.redis.url, s.redis.key_prefix, 3600)
+    began = time.perf_counter()
+    stats = run_loader(k.bootstrap_servers, k.topics.features, k.topics.dead_letter, s.flink.loader_group_id,
+                       store, batch=20_000, idle_exit_s=2.0, partitions=k.partitions)
+    took = time.perf_counter() - began - 2.0
+    emit("features", "loader_rows_into_redis", stats.records / took, "rows/s", stats.records)
+
+
+def freshness(settings: Settings, seconds: float, rate: float, checkpoint_ms: int) -> None:
+    s = isolated(settings, checkpoint_interval_ms=checkpoint_ms)
+    s = s.model_copy(update={"synthetic": s.synthetic.model_copy(update={"events_per_second_event_time": rate})})
+    k = s.kafka
+    ensure_topics(k.bootstrap_servers, list(k.topics.model_dump().values()), k.partitions)
+    job = build_job(s, table_environment(s), with_samples=False, job_id=f"fresh-{uuid.uuid4().hex[:6]}").execute()
+    stop = threading.Event()
+    results = []
+    loader = threading.Thread(target=lambda: results.append(run_loader(
+        k.bootstrap_servers, k.topics.features, k.topics.dead_letter, s.flink.loader_group_id,
+        RedisFeatureStore(s.redis.url, s.redis.key_prefix, 3600), should_stop=stop.is_set,
+        partitions=k.partitions)))
+    loader.start()
+    time.sleep(5)
+    produce_synthetic(s, int(rate * seconds), rate=rate, progress=False)
+    time.sleep(8)
+    stop.set()
+    loader.join()
+    job.get_job_client().cancel().result()
+    close = np.array(results[0].latencies_ms, dtype=np.float64) - s.flink.watermark_delay_ms
+    # only windows that closed while events flowed (the last ones close on the next events, never here)
+    emit("features", f"window_close_to_redis_checkpoint_{checkpoint_ms}ms", float(np.median(close)), "ms",
+         len(close), p50=round(float(np.percentile(close, 50)), 1), p99=round(float(np.percentile(close, 99)), 1))
+    OUT.mkdir(exist_ok=True)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.hist(close / 1000.0, bins=50)
+    ax.set_xlabel("window close -> readable in Redis (s)")
+    ax.set_ylabel("feature records")
+    ax.set_title(f"checkpoint {checkpoint_ms} ms: p50 {np.median(close) / 1000:.2f}s, "
+                 f"p99 {np.percentile(close, 99) / 1000:.2f}s")
+    fig.tight_layout()
+    fig.savefig(OUT / f"feature_freshness_checkpoint_{checkpoint_ms}ms.png", dpi=100)
+
+
+def reads(settings: Settings, n_entities: int = 20_000) -> None:
+    s = isolated(settings)
+    store = RedisFeatureStore(s.redis.url, s.redis.key_prefix, 3600)
+    now = int(time.time() * 1000)
+    records = [{**feature_record(i, now), "horizon_s": h} for i in range(n_entities) for h in (60, 600)]
+    for start in range(0, len(records), 20_000):
+        store.write_batch(records[start:start + 20_000])
+    names = names_for("user")
+    ids = [f"u{i}" for i in range(n_entities)]
+    port = s.redis.url.rsplit(":", 1)[1].split("/")[0]
+    for batch in (100, 1000):
+        began, done = time.perf_counter(), 0
+        while time.perf_counter() - began < 3.0:
+            for start in range(0, len(ids), batch):
+                store.get_online_features("user", ids[start:start + batch], names)
+                done += len(ids[start:start + batch])
+        ours = done / (time.perf_counter() - began)
+        key = f"{s.redis.key_prefix}:f:user:u1"
+        fields = names + ["60s.__we", "600s.__we"]
+        bench = shutil.which("redis-benchmark")
+        if bench is None:
+            print("redis-benchmark not installed (Debian: redis-tools); skipping the reference", file=sys.stderr)
+            emit("features", f"reads_entities_per_s_batch{batch}", ours, "entities/s", done)
+            continue
+        out = subprocess.run([bench, "-p", port, "-n", "200000", "-P", str(batch), "-q", "hmget", key, *fields],
+                             capture_output=True, text=True).stdout
+        match = re.search(r"([\d.]+) requests per second", out.replace(",", ""))
+        reference = float(match.group(1)) if match else float("nan")
+        emit("features", f"reads_entities_per_s_batch{batch}", ours, "entities/s", done,
+             redis_benchmark_pipelined_hmget=reference, ratio=round(ours / reference, 3))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--events", type=int, default=300_000)
+    parser.add_argument("--loader-rows", type=int, default=200_000)
+    parser.add_argument("--fresh-seconds", type=float, default=20.0)
+    parser.add_argument("--fresh-rate", type=float, default=2000.0)
+    parser.add_argument("--use-running-services", action="store_true")
+    parser.add_argument("--only", default="pipeline,loader,freshness,reads")
+    args = parser.parse_args()
+    only = set(args.only.split(","))
+    with services(load_settings(), own=not args.use_running_services) as settings:
+        if "reads" in only:
+            reads(settings)
+        if "loader" in only:
+            loader_rate(settings, args.loader_rows)
+        if "freshness" in only:
+            for checkpoint_ms in (5000, 500):
+                freshness(settings, args.fresh_seconds, args.fresh_rate, checkpoint_ms)
+        if "pipeline" in only:
+            pipeline(settings, args.events)
+
+
+if __name__ == "__main__":
+    main()
