@@ -19,7 +19,11 @@ def table_environment(settings: Settings, streaming: bool = True) -> TableEnviro
     env_settings = EnvironmentSettings.in_streaming_mode() if streaming else EnvironmentSettings.in_batch_mode()
     t_env = TableEnvironment.create(env_settings)
     conf = t_env.get_config()
-    conf.set("pipeline.jars", ";".join(job_jars(settings.services.cache_dir)))
+    if f.jars_dir is not None:
+        jars = [p.resolve().as_uri() for p in sorted(f.jars_dir.glob("*.jar"))]
+    else:
+        jars = job_jars(settings.services.cache_dir)
+    conf.set("pipeline.jars", ";".join(jars))
     conf.set("parallelism.default", str(f.parallelism))
     conf.set("table.local-time-zone", "UTC")
     conf.set("table.exec.source.idle-timeout", f"{f.idle_timeout_ms} ms")

@@ -109,6 +109,7 @@ class FlinkSettings(Section):
     jvm_heap: str = "1g"
     checkpoint_dir: Path = Field(default_factory=lambda: _default_cache_dir() / "flink-checkpoints")
     log_dir: Path = Field(default_factory=lambda: _default_cache_dir() / "flink-logs")
+    jars_dir: Path | None = None  # pre-built jars (container images); None: resolve with Maven, build the UDFs
     loader_group_id: str = "rtrec-redis-loader"
     loader_batch: int = 20_000
 

@@ -54,6 +54,7 @@ missing=()
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || missing+=(maven)
 command -v redis-server >/dev/null || missing+=(redis-server)
+command -v docker-compose >/dev/null || [ "$(id -u)" != 0 ] || missing+=(docker-compose)  # validates docker-compose.yml
 [ ${#missing[@]} -eq 0 ] || as_root_apt "${missing[@]}"
 
 # --- Jars -----------------------------------------------------------------------------------

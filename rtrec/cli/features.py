@@ -57,6 +57,24 @@ def run(settings: Settings, fresh: bool, no_loader: bool) -> None:
     click.echo("stopped (checkpoints are retained; the next run resumes from the newest)")
 
 
+@features_group.command("load")
+@click.pass_obj
+def load(settings: Settings) -> None:
+    """Feed Redis from the features topic until Ctrl-C (add processes to scale by partition)."""
+    from feature_store.loader import run_loader
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    k = settings.kafka
+    try:
+        stats = run_loader(k.bootstrap_servers, k.topics.features, k.topics.dead_letter,
+                           settings.flink.loader_group_id, _store(settings), settings.flink.loader_batch,
+                           should_stop=stop.is_set, partitions=k.partitions)
+    except KeyboardInterrupt:
+        return
+    click.echo(f"loaded {stats.records} feature records, {stats.slots_written} slots written")
+
+
 @features_group.command("get")
 @click.argument("entity_type", type=click.Choice(["user", "item", "user_item"]))
 @click.argument("ids", nargs=-1, required=True)
