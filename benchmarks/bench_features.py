@@ -32,7 +32,7 @@ from benchmarks.common import emit
 from feature_store.feature_set import names_for
 from feature_store.loader import run_loader
 from feature_store.redis_store import RedisFeatureStore
-from flink_jobs.ddl import events_source_ddl
+from flink_jobs.ddl import columns, events_source_ddl
 from flink_jobs.environment import table_environment
 from flink_jobs.feature_job import build_job, decode_args
 from flink_jobs.feature_sql import decoded_view_sql, good_events_sql, window_sql
@@ -71,10 +71,9 @@ def bounded_seconds(s: Settings, blackhole: bool, startup: dict[str, str]) -> fl
         windows = [(f.window_s, f.window_s), *zip(f.horizons_s, f.horizon_slides_s, strict=True)]
         queries = [window_sql(e, a, b) for e in ("user", "item") for a, b in windows]
         queries.append(window_sql("user_item", f.window_s, f.window_s))
-        t_env.execute_sql("CREATE TEMPORARY TABLE hole WITH ('connector' = 'blackhole') LIKE events_raw "
-                          "(EXCLUDING ALL)")
-        t_env.execute_sql(f"CREATE TEMPORARY TABLE sink_hole WITH ('connector' = 'blackhole') AS "
-                          f"SELECT * FROM ({queries[0]}) WHERE FALSE")
+        cols = ", ".join(f"`{n}` {t}" for n, t in columns("FeatureRecord"))
+        t_env.execute_sql(f"CREATE TEMPORARY TABLE sink_hole (entity_id_key BYTES, {cols}, "
+                          "headers MAP<STRING, BYTES>) WITH ('connector' = 'blackhole')")
         statements = t_env.create_statement_set()
         statements.add_insert_sql("INSERT INTO sink_hole " + "\nUNION ALL\n".join(queries))
         statements.execute().wait()

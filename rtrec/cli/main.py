@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from rtrec.cli.demo import demo_command
+from rtrec.cli.evaluate import evaluate_command
 from rtrec.cli.features import features_group
 from rtrec.cli.model import model_group
 from rtrec.cli.produce import produce_group
@@ -32,3 +33,4 @@ cli.add_command(demo_command)
 cli.add_command(train_group)
 cli.add_command(model_group)
 cli.add_command(features_group)
+cli.add_command(evaluate_command)
