@@ -15,6 +15,7 @@ Run: `.venv/bin/python -m benchmarks.bench_features [--events 300000]`. Writes
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import re
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -114,12 +116,36 @@ def loader_rate(settings: Settings, n_rows: int) -> None:
     for i in range(n_rows):
         producer.produce(feature_record(i, now), key=f"u{i}")
     producer.flush()
-    store = RedisFeatureStore(s.redis.url, s.redis.key_prefix, 3600)
-    began = time.perf_counter()
-    stats = run_loader(k.bootstrap_servers, k.topics.features, k.topics.dead_letter, s.flink.loader_group_id,
-                       store, batch=20_000, idle_exit_s=2.0, partitions=k.partitions)
-    took = time.perf_counter() - began - 2.0
-    emit("features", "loader_rows_into_redis", stats.records / took, "rows/s", stats.records)
+    for n_loaders in (1, 2):
+        group = f"{s.flink.loader_group_id}-{n_loaders}"
+        context = multiprocessing.get_context("spawn")  # librdkafka threads do not survive a fork
+        queue = context.Queue()
+        workers = [context.Process(target=_loader_process, args=(s, group, queue)) for _ in range(n_loaders)]
+        began = time.perf_counter()
+        for w in workers:
+            w.start()
+        results = [queue.get(timeout=600) for _ in workers]
+        for w in workers:
+            w.join()
+        records = sum(r[0] for r in results)
+        took = max(r[1] for r in results) - began
+        emit("features", f"loader_rows_into_redis_{n_loaders}_process", records / took, "rows/s", records,
+             partitions=k.partitions)
+
+
+def _loader_process(s: Settings, group: str, queue: Any) -> None:
+    k = s.kafka
+    stats = run_loader(k.bootstrap_servers, k.topics.features, k.topics.dead_letter, group,
+                       RedisFeatureStore(s.redis.url, s.redis.key_prefix, 3600), batch=20_000, idle_exit_s=3.0,
+                       partitions=k.partitions, on_batch=lambda st: _mark(st))
+    queue.put((stats.records, _LAST_BATCH_AT[0]))
+
+
+_LAST_BATCH_AT = [0.0]
+
+
+def _mark(_stats: object) -> None:
+    _LAST_BATCH_AT[0] = time.perf_counter()
 
 
 def freshness(settings: Settings, seconds: float, rate: float, checkpoint_ms: int) -> None:

@@ -17,7 +17,9 @@ def _count(event_type: str) -> str:
 
 
 def interval(seconds: int) -> str:
-    """>>> interval(600)
+    """A seconds interval literal with enough leading precision (the default, 2 digits, stops at 99).
+
+    >>> interval(600)
     "INTERVAL '600' SECOND(3)"
     """
     return f"INTERVAL '{seconds}' SECOND({max(2, len(str(seconds)))})"

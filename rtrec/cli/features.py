@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 import threading
 
 import click
@@ -189,7 +190,7 @@ def backfill(settings: Settings, from_: str | None, to: str | None, no_samples: 
 
     waiter = threading.Thread(target=wait, daemon=True)
     waiter.start()
-    with tqdm(desc="backfill running", unit="s", file=click.get_text_stream("stderr")) as bar:
+    with tqdm(desc="backfill running", unit="s", file=sys.stderr) as bar:
         while waiter.is_alive():
             waiter.join(1.0)
             bar.update(1)
