@@ -73,8 +73,23 @@ class Learner:
         with torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
             return self.model(batch.user_idx, batch.item_idx, batch.dense).float()
 
+    def _warm_start_bias(self, batch: Batch) -> None:
+        """Sets the output bias to the first batch's base rate (log-odds). Otherwise Adam's first steps,
+        which move every weight by about lr whatever its gradient, push all feature weights the same
+        way to fit the base rate, and a young model ranks backwards."""
+        rate = float(batch.label.float().mean().clamp(1e-4, 1 - 1e-4))
+        init = getattr(self.model, "init_output_bias", None)
+        if init is not None:
+            init(float(np.log(rate / (1 - rate))))
+            if self.ema is not None:
+                for name, p in self.params.items():
+                    if name not in self.tables:
+                        self.ema.shadow[name].copy_(p.detach())
+
     def step(self, batch: Batch) -> StepResult:
         batch = batch.to(self.device, non_blocking=True)
+        if self.samples_trained == 0 and bool(torch.isfinite(batch.dense).all()):
+            self._warm_start_bias(batch)
         self.model.train()
         logits = self.forward(batch)
         loss = self.loss_fn(logits, batch.label)

@@ -38,6 +38,10 @@ class DeepFM(nn.Module):
         assert isinstance(last, nn.Linear)
         nn.init.zeros_(last.weight)  # the deep part starts at 0 and grows from the data
 
+    def init_output_bias(self, logit: float) -> None:
+        with torch.no_grad():
+            self.dense_linear.bias.fill_(logit)
+
     def forward(self, user_idx: torch.Tensor, item_idx: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
         x = signed_log1p(dense)
         u, i = self.user(user_idx), self.item(item_idx)

@@ -25,6 +25,10 @@ class IncrementalMF(nn.Module):
         nn.init.zeros_(self.dense.weight)
         nn.init.zeros_(self.dense.bias)
 
+    def init_output_bias(self, logit: float) -> None:
+        with torch.no_grad():
+            self.dense.bias.fill_(logit)
+
     def forward(self, user_idx: torch.Tensor, item_idx: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
         interaction = (self.user(user_idx) * self.item(item_idx)).sum(-1)
         biases = self.user_bias(user_idx).squeeze(-1) + self.item_bias(item_idx).squeeze(-1)
