@@ -32,7 +32,7 @@ import numpy as np
 from benchmarks.bench_trainer import services
 from benchmarks.common import emit
 from feature_store.feature_set import names_for
-from feature_store.loader import run_loader
+from feature_store.loader import LoaderStats, run_loader
 from feature_store.redis_store import RedisFeatureStore
 from flink_jobs.ddl import columns, events_source_ddl
 from flink_jobs.environment import table_environment
@@ -108,44 +108,50 @@ def feature_record(k: int, t: int) -> dict:
 
 
 def loader_rate(settings: Settings, n_rows: int) -> None:
-    s = isolated(settings)
-    k = s.kafka
-    ensure_topics(k.bootstrap_servers, [k.topics.features, k.topics.dead_letter], k.partitions)
-    producer = AvroProducer(producer_config(k.bootstrap_servers), k.topics.features, "FeatureRecord")
-    now = int(time.time() * 1000)
-    for i in range(n_rows):
-        producer.produce(feature_record(i, now), key=f"u{i}")
-    producer.flush()
+    """Loaders join their group first (one per partition at most), then the rows are produced."""
     for n_loaders in (1, 2):
-        group = f"{s.flink.loader_group_id}-{n_loaders}"
+        s = isolated(settings)
+        k = s.kafka
+        ensure_topics(k.bootstrap_servers, [k.topics.features, k.topics.dead_letter], k.partitions)
         context = multiprocessing.get_context("spawn")  # librdkafka threads do not survive a fork
         queue = context.Queue()
-        workers = [context.Process(target=_loader_process, args=(s, group, queue)) for _ in range(n_loaders)]
-        began = time.perf_counter()
+        workers = [context.Process(target=_loader_process, args=(s, s.flink.loader_group_id, queue))
+                   for _ in range(n_loaders)]
         for w in workers:
             w.start()
+        time.sleep(12)  # imports and the group join
+        producer = AvroProducer(producer_config(k.bootstrap_servers), k.topics.features, "FeatureRecord")
+        now = int(time.time() * 1000)
+        for i in range(n_rows):
+            producer.produce(feature_record(i, now), key=f"u{i}")
+        producer.flush()
         results = [queue.get(timeout=600) for _ in workers]
         for w in workers:
             w.join()
-        records = sum(r[0] for r in results)
-        took = max(r[1] for r in results) - began
+        busy = [r for r in results if r[0]]
+        records = sum(r[0] for r in busy)
+        # from the first batch any process received to the last one written (start-up excluded)
+        took = max(r[2] for r in busy) - min(r[1] for r in busy)
         emit("features", f"loader_rows_into_redis_{n_loaders}_process", records / took, "rows/s", records,
-             partitions=k.partitions)
+             partitions=k.partitions, processes_with_rows=len(busy))
 
 
 def _loader_process(s: Settings, group: str, queue: Any) -> None:
     k = s.kafka
     stats = run_loader(k.bootstrap_servers, k.topics.features, k.topics.dead_letter, group,
-                       RedisFeatureStore(s.redis.url, s.redis.key_prefix, 3600), batch=20_000, idle_exit_s=3.0,
+                       RedisFeatureStore(s.redis.url, s.redis.key_prefix, 3600), batch=20_000, idle_exit_s=20.0,
                        partitions=k.partitions, on_batch=lambda st: _mark(st))
-    queue.put((stats.records, _LAST_BATCH_AT[0]))
+    queue.put((stats.records, _BATCH_AT[0], _BATCH_AT[1]))
 
 
-_LAST_BATCH_AT = [0.0]
+_BATCH_AT = [0.0, 0.0]  # first batch started (approximately: end of the first poll), last batch done
 
 
-def _mark(_stats: object) -> None:
-    _LAST_BATCH_AT[0] = time.perf_counter()
+def _mark(stats: LoaderStats) -> None:
+    now = time.perf_counter()
+    if stats.batches == 1:
+        _BATCH_AT[0] = now - 0.2  # the first poll's wait, at most its 0.2 s timeout
+    _BATCH_AT[1] = now
 
 
 def freshness(settings: Settings, seconds: float, rate: float, checkpoint_ms: int) -> None:
