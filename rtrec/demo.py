@@ -97,7 +97,7 @@ def run_demo(base: Settings, seconds: float, rate: float, say: Callable[[str], N
         k.bootstrap_servers, k.topics.features, k.topics.dead_letter, s.flink.loader_group_id, store,
         s.flink.loader_batch, should_stop=stop.is_set, partitions=k.partitions)), name="redis-loader")
     trainer = TrainerService(s.model_copy(update={"trainer": s.trainer.model_copy(update={
-        "snapshot_every_s": 5.0, "batch_timeout_ms": 200})}))
+        "snapshot_every_s": 5.0, "batch_timeout_ms": 200, "keep_last": 1000})}))  # the frozen baseline is v1
     trained: list[Any] = []
     trainer_thread = threading.Thread(target=lambda: trained.append(trainer.run(should_stop=stop.is_set)),
                                       name="trainer")
@@ -141,7 +141,9 @@ def _collect(s: Settings, result: DemoResult, trainer: TrainerService, loader_st
         last = snapshots.manifest(trainer.promoted[-1])
         if last.newest_event_ms is not None:
             result.trainer_freshness_s = (last.created_at - last.newest_event_ms) / 1000.0
-        result.frozen_auc = _frozen_auc(snapshots, trainer.promoted[0], samples)
+        kept = [v for v in trainer.promoted if v in snapshots.versions()]
+        if kept:
+            result.frozen_auc = _frozen_auc(snapshots, kept[0], samples)
 
 
 def _frozen_auc(snapshots: SnapshotStore, version: int, samples: list[dict]) -> list[tuple[int, float]]:
