@@ -47,8 +47,7 @@ OUT = Path(__file__).parent / "out"
 
 def isolated(settings: Settings, **flink: object) -> Settings:
     suffix = uuid.uuid4().hex[:8]
-    topics = settings.kafka.topics.model_copy(update={k: f"{v}.bf{suffix}"
-                                                      for k, v in settings.kafka.topics.model_dump().items()})
+    topics = settings.kafka.topics.suffixed(f"bf{suffix}")
     return settings.model_copy(update={
         "kafka": settings.kafka.model_copy(update={"topics": topics}),
         "redis": settings.redis.model_copy(update={"key_prefix": f"bf{suffix}"}),

@@ -84,10 +84,8 @@ def sample_positions(bootstrap: str, topic: str) -> list[tuple[int, int, int]]:
 
 def isolated(settings: Settings, **trainer: object) -> Settings:
     suffix = uuid.uuid4().hex[:8]
-    topics = settings.kafka.topics.model_copy(update={k: f"{v}.bench{suffix}"
-                                                      for k, v in settings.kafka.topics.model_dump().items()})
     return settings.model_copy(update={
-        "kafka": settings.kafka.model_copy(update={"topics": topics}),
+        "kafka": settings.kafka.model_copy(update={"topics": settings.kafka.topics.suffixed(f"bench{suffix}")}),
         "redis": settings.redis.model_copy(update={"key_prefix": f"bench{suffix}"}),
         "trainer": settings.trainer.model_copy(update={"snapshot_dir": Path(tempfile.mkdtemp()),
                                                        "group_id": f"bench-{suffix}", **trainer})})
@@ -106,16 +104,9 @@ def service_throughput(settings: Settings, n: int) -> None:
 
 
 def freshness(settings: Settings, seconds: float, rate: float) -> None:
-    suffix = uuid.uuid4().hex[:8]
-    topics = settings.kafka.topics.model_copy(update={k: f"{v}.bench{suffix}"
-                                                      for k, v in settings.kafka.topics.model_dump().items()})
-    tmp = Path(tempfile.mkdtemp())
-    s = settings.model_copy(update={
-        "kafka": settings.kafka.model_copy(update={"topics": topics}),
-        "redis": settings.redis.model_copy(update={"key_prefix": f"bench{suffix}"}),
-        "trainer": settings.trainer.model_copy(update={
-            "snapshot_dir": tmp, "snapshot_every_s": 1.0, "snapshot_every_samples": 10**9, "batch_timeout_ms": 100,
-            "group_id": f"bench-{suffix}", "keep_last": 10**6, "promotion_margin": 1.0})})
+    s = isolated(settings, snapshot_every_s=1.0, snapshot_every_samples=10**9, batch_timeout_ms=100,
+                 keep_last=10**6, promotion_margin=1.0)
+    topics = s.kafka.topics
     produce_samples(s, make_samples(1, start=10**9))  # topic exists before the trainer subscribes
     stop = threading.Event()
     service = TrainerService(s)
@@ -140,7 +131,7 @@ def freshness(settings: Settings, seconds: float, rate: float) -> None:
     time.sleep(3)
     stop.set()
     trainer.join()
-    store = SnapshotStore(tmp)
+    store = SnapshotStore(s.trainer.snapshot_dir)
     promoted = [store.manifest(v) for v in store.versions() if store.manifest(v).promoted]
     print(f"{len(store.versions())} snapshots, {len(promoted)} promoted, last holds "
           f"{store.manifest(store.versions()[-1]).samples_seen} samples", file=sys.stderr)

@@ -52,8 +52,7 @@ class DemoResult:
 
 
 def namespaced(settings: Settings, run_id: str) -> Settings:
-    topics = settings.kafka.topics.model_copy(update={
-        name: f"{DEMO_TOPIC_PREFIX}{run_id}.{name}" for name in settings.kafka.topics.model_dump()})
+    topics = settings.kafka.topics.under(f"{DEMO_TOPIC_PREFIX}{run_id}.")
     state = settings.services.state_dir / "demo" / run_id
     return settings.model_copy(update={
         "kafka": settings.kafka.model_copy(update={"topics": topics}),

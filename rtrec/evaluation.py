@@ -53,8 +53,7 @@ def pipeline_samples(settings: Settings, path: Path, mapping: ColumnMapping, say
     from flink_jobs.runner import start_job
 
     run = uuid.uuid4().hex[:8]
-    topics = settings.kafka.topics.model_copy(update={k: f"rtrec.eval.{run}.{k}"
-                                                      for k in settings.kafka.topics.model_dump()})
+    topics = settings.kafka.topics.under(f"rtrec.eval.{run}.")
     s = settings.model_copy(update={
         "kafka": settings.kafka.model_copy(update={"topics": topics}),
         "flink": settings.flink.model_copy(update={"group_id": f"rtrec-eval-{run}",

@@ -56,6 +56,18 @@ class TopicSettings(Section):
     snapshots: str = "rtrec.snapshots"
     dead_letter: str = "rtrec.dead-letter"
 
+    def suffixed(self, suffix: str) -> TopicSettings:
+        """Every topic with `.suffix` appended: an isolated copy for a test or a benchmark.
+
+        >>> TopicSettings().suffixed("t1").events
+        'rtrec.interactions.t1'
+        """
+        return self.model_copy(update={k: f"{v}.{suffix}" for k, v in self.model_dump().items()})
+
+    def under(self, prefix: str) -> TopicSettings:
+        """Every topic named `prefix` + its role (`events`, `features`, ...): a namespace for one run."""
+        return self.model_copy(update={k: f"{prefix}{k}" for k in self.model_dump()})
+
 
 class KafkaSettings(Section):
     bootstrap_servers: str = "127.0.0.1:19092"

@@ -25,9 +25,7 @@ def settings(endpoints: Endpoints) -> Settings:
     """Settings pointing at the session's services, with topics and Redis keys unique to this test."""
     base = load_settings()
     suffix = uuid.uuid4().hex[:10]
-    topics = base.kafka.topics.model_copy(
-        update={name: f"{value}.{suffix}" for name, value in base.kafka.topics.model_dump().items()}
-    )
+    topics = base.kafka.topics.suffixed(suffix)
     return base.model_copy(update={
         "kafka": base.kafka.model_copy(update={"bootstrap_servers": endpoints.kafka_bootstrap, "topics": topics}),
         "redis": base.redis.model_copy(update={"url": endpoints.redis_url, "key_prefix": f"test-{suffix}"}),

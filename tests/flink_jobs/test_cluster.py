@@ -23,8 +23,7 @@ EVENTS = [event("e1", "impression", "u1", "i1", 100), event("e2", "click", "u1",
 
 
 def renamed(settings: Settings, suffix: str) -> Settings:
-    topics = settings.kafka.topics.model_copy(update={k: f"{v}.{suffix}"
-                                                      for k, v in settings.kafka.topics.model_dump().items()})
+    topics = settings.kafka.topics.suffixed(suffix)
     return settings.model_copy(update={"kafka": settings.kafka.model_copy(update={"topics": topics})})
 
 
