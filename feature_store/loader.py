@@ -1,10 +1,12 @@
-"""Feeds Redis from the features topic: large read_committed batches, one pipeline per batch.
+"""Feeds Redis from the features topic: large batches, one pipeline per batch.
 
 Why a loader and not a sink inside the Flink job: a Python operator in the job moved 7-11k rows/s
 here, while this loader writes from outside the JVM at the Redis pipeline's rate, and scales by
 adding loaders to the consumer group (one per partition). Exactly-once into Redis comes from the
 newest-window-wins script: a replayed record can never overwrite a newer window, so consuming at
-least once (commit after the Redis write) leaves the same state as exactly once.
+least once (commit after the Redis write) leaves the same state as exactly once. For the same
+reason it may read uncommitted records (the default in Settings.flink.loader_isolation): windows
+reach Redis when the job sends them instead of at the next checkpoint.
 """
 
 from __future__ import annotations
@@ -30,18 +32,21 @@ class LoaderStats:
 def run_loader(bootstrap: str, topic: str, dead_letter_topic: str, group_id: str, store: RedisFeatureStore,
                batch: int = 20_000,
                should_stop: Callable[[], bool] = lambda: False, idle_exit_s: float | None = None,
-               on_batch: Callable[[LoaderStats], None] | None = None, partitions: int = 2) -> LoaderStats:
+               on_batch: Callable[[LoaderStats], None] | None = None, partitions: int = 2,
+               isolation_level: str = "read_committed", poll_timeout_s: float = 0.05) -> LoaderStats:
     """Consumes until `should_stop()` or `idle_exit_s` without records. Order per batch: undecodable
-    records to the dead-letter topic, good ones to Redis (one pipeline), then the offsets committed."""
+    records to the dead-letter topic, good ones to Redis (one pipeline), then the offsets committed.
+    A poll returns after `poll_timeout_s` with what has arrived, so a record waits at most that long
+    before its batch goes to Redis; a backlog still comes in full batches."""
     ensure_topics(bootstrap, [topic], partitions)
-    consumer = AvroConsumer(bootstrap, group_id, [topic], "FeatureRecord",
+    consumer = AvroConsumer(bootstrap, group_id, [topic], "FeatureRecord", isolation_level=isolation_level,
                             **{"fetch.min.bytes": 1, "fetch.wait.max.ms": 50})
     dead = AvroProducer(producer_config(bootstrap, linger_ms=5), dead_letter_topic, "DeadLetter")
     stats = LoaderStats()
     last = time.monotonic()
     try:
         while not should_stop():
-            got = consumer.poll_batch(max_records=batch, timeout_s=0.2)
+            got = consumer.poll_batch(max_records=batch, timeout_s=poll_timeout_s)
             if got.records:
                 stats.slots_written += store.write_batch(got.records)
                 readable_at = int(time.time() * 1000)

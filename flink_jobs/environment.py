@@ -27,6 +27,8 @@ def table_environment(settings: Settings, streaming: bool = True) -> TableEnviro
     conf.set("parallelism.default", str(f.parallelism))
     conf.set("table.local-time-zone", "UTC")
     conf.set("table.exec.source.idle-timeout", f"{f.idle_timeout_ms} ms")
+    conf.set("pipeline.auto-watermark-interval", f"{f.watermark_interval_ms} ms")
+    conf.set("execution.buffer-timeout.interval", f"{f.buffer_timeout_ms} ms")
     conf.set("pipeline.name", "rtrec-features")
     if f.checkpoint_interval_ms > 0:
         conf.set("execution.checkpointing.interval", f"{f.checkpoint_interval_ms} ms")

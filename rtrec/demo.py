@@ -94,7 +94,8 @@ def run_demo(base: Settings, seconds: float, rate: float, say: Callable[[str], N
     loader_stats: list[LoaderStats] = []
     loader = threading.Thread(target=lambda: loader_stats.append(run_loader(
         k.bootstrap_servers, k.topics.features, k.topics.dead_letter, s.flink.loader_group_id, store,
-        s.flink.loader_batch, should_stop=stop.is_set, partitions=k.partitions)), name="redis-loader")
+        s.flink.loader_batch, should_stop=stop.is_set, partitions=k.partitions,
+        isolation_level=s.flink.loader_isolation)), name="redis-loader")
     trainer = TrainerService(s.model_copy(update={"trainer": s.trainer.model_copy(update={
         "snapshot_every_s": 5.0, "batch_timeout_ms": 200, "keep_last": 1000})}))  # the frozen baseline is v1
     trained: list[Any] = []
@@ -103,8 +104,9 @@ def run_demo(base: Settings, seconds: float, rate: float, say: Callable[[str], N
     loader.start()
     trainer_thread.start()
     try:
-        say(f"[produce] synthetic events at {rate:.0f}/s for {seconds:.0f}s (event time = wall clock)")
-        summary = produce_synthetic(s, int(rate * seconds), rate=rate, progress=True)
+        say(f"[produce] {int(rate * seconds)} synthetic events, {rate:.0f} impressions/s plus their clicks, "
+            "sent as their event time comes (event time = wall clock)")
+        summary = produce_synthetic(s, int(rate * seconds), progress=True, live=True)
         result.events = summary.produced
         # let the last windows close: push the watermark past them with a final quiet wait
         say("[wait] letting windows, samples and snapshots catch up")

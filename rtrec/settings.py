@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import (
@@ -113,6 +114,10 @@ class FlinkSettings(Section):
     horizon_slides_s: tuple[int, ...] = (3, 30)
     watermark_delay_ms: int = 2_000
     idle_timeout_ms: int = 5_000
+    # How often sources emit watermarks and how long a half-full network buffer may wait: both add
+    # directly to the time from a window's close to its record leaving the job.
+    watermark_interval_ms: int = 50
+    buffer_timeout_ms: int = 20
     checkpoint_interval_ms: int = 5_000
     attribution_window_s: int = 30
     max_future_skew_ms: int = 3_600_000
@@ -124,6 +129,11 @@ class FlinkSettings(Section):
     jars_dir: Path | None = None  # pre-built jars (container images); None: resolve with Maven, build the UDFs
     loader_group_id: str = "rtrec-redis-loader"
     loader_batch: int = 20_000
+    # read_uncommitted: Redis sees a window as soon as the job sends it, not at the next checkpoint.
+    # Safe because the job recomputes an aborted transaction's windows from the same events after
+    # recovery, and a write for the same window end replaces the earlier one (newest window wins).
+    # read_committed: Redis only ever holds committed windows, one checkpoint interval later.
+    loader_isolation: Literal["read_uncommitted", "read_committed"] = "read_uncommitted"
 
 
 class TrainerSettings(Section):

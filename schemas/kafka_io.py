@@ -180,11 +180,15 @@ def read_topic(bootstrap: str, topic: str, schema_name: str, timeout_s: float = 
         raw.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p, end in ends.items() if end > 0])
         total = ConsumedBatch([], [], {})
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and any(total.offsets.get((topic, p), 0) < end for p, end in ends.items()):
+        # the position, not the last record's offset: transaction markers take offsets too
+        reached = dict.fromkeys(ends, 0)
+        while time.monotonic() < deadline and any(reached[p] < end for p, end in ends.items()):
             got = consumer.poll_batch(timeout_s=0.5)
             total.records += got.records
             total.rejected += got.rejected
             total.offsets.update(got.offsets)
+            for tp in raw.position([TopicPartition(topic, p) for p in ends]):
+                reached[tp.partition] = max(reached[tp.partition], tp.offset)
         return total
     finally:
         raw.close()

@@ -42,7 +42,8 @@ def run(settings: Settings, fresh: bool, no_loader: bool) -> None:
         loader = threading.Thread(target=run_loader, daemon=True, kwargs={
             "bootstrap": k.bootstrap_servers, "topic": k.topics.features, "dead_letter_topic": k.topics.dead_letter,
             "group_id": settings.flink.loader_group_id, "store": _store(settings), "batch": settings.flink.loader_batch,
-            "should_stop": stop.is_set, "partitions": k.partitions})
+            "should_stop": stop.is_set, "partitions": k.partitions,
+            "isolation_level": settings.flink.loader_isolation})
         loader.start()
     try:
         while not stop.wait(1.0):
@@ -70,7 +71,8 @@ def load(settings: Settings) -> None:
     try:
         stats = run_loader(k.bootstrap_servers, k.topics.features, k.topics.dead_letter,
                            settings.flink.loader_group_id, _store(settings), settings.flink.loader_batch,
-                           should_stop=stop.is_set, partitions=k.partitions)
+                           should_stop=stop.is_set, partitions=k.partitions,
+                           isolation_level=settings.flink.loader_isolation)
     except KeyboardInterrupt:
         return
     click.echo(f"loaded {stats.records} feature records, {stats.slots_written} slots written")
@@ -89,9 +91,9 @@ def get(settings: Settings, entity_type: str, ids: tuple[str, ...], names: str) 
         got = _store(settings).get_online_features(entity_type, list(ids), wanted)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
-    for entity_id, values, ends in zip(ids, got.values, got.window_end_ms, strict=True):
-        click.echo(json.dumps({"id": entity_id, "features": dict(zip(wanted, values, strict=True)),
-                               "window_end_ms": dict(zip(wanted, ends, strict=True))}))
+    for i, entity_id in enumerate(ids):
+        values, ends = got.entity(i)
+        click.echo(json.dumps({"id": entity_id, "features": values, "window_end_ms": ends}))
 
 
 @features_group.group("cluster")

@@ -68,12 +68,15 @@ def _send(producer: AvroProducer, events: Iterable[dict[str, Any]], total: int |
 
 
 def produce_synthetic(settings: Settings, n: int | None, rate: float | None = None, start_ms: int | None = None,
-                      progress: bool = True) -> ProduceSummary:
-    """`n` synthetic events (None: endless) at `rate` events/s (None: as fast as possible)."""
+                      progress: bool = True, live: bool = False) -> ProduceSummary:
+    """`n` synthetic events (None: endless) at `rate` events/s (None: as fast as possible). `live`
+    paces by event time instead, so event time follows the wall clock (each event is sent when its
+    time comes; the rate is then the generator's `events_per_second_event_time` plus its clicks)."""
     start = int(time.time() * 1000) if start_ms is None else start_ms
     producer = _events_producer(settings)
     began = time.monotonic()
-    produced = _send(producer, SyntheticEvents(settings.synthetic, start), n, rate, None, progress)
+    produced = _send(producer, SyntheticEvents(settings.synthetic, start), n, None if live else rate,
+                     1.0 if live else None, progress)
     return ProduceSummary(produced, produced, 0, time.monotonic() - began)
 
 

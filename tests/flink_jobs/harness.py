@@ -49,10 +49,11 @@ def running_job(settings: Settings, resume: bool = False, **build: Any) -> Itera
 
 
 def wait_for(settings: Settings, topic: str, schema_name: str, done: Callable[[ConsumedBatch], bool],
-             timeout_s: float = 90.0) -> ConsumedBatch:
+             timeout_s: float = 90.0, isolation_level: str = "read_committed") -> ConsumedBatch:
     deadline = time.monotonic() + timeout_s
     while True:
-        got = read_topic(settings.kafka.bootstrap_servers, topic, schema_name, timeout_s=10)
+        got = read_topic(settings.kafka.bootstrap_servers, topic, schema_name, timeout_s=10,
+                         isolation_level=isolation_level)
         if done(got) or time.monotonic() > deadline:
             return got
         time.sleep(0.5)

@@ -1,6 +1,6 @@
 """A job stopped and restarted from its checkpoint: no duplicate feature records for a read_committed
-consumer, the same features and the same Redis state as an uninterrupted run; older windows replayed
-into Redis change nothing."""
+consumer, the same features and the same Redis state as an uninterrupted run (also for a loader that
+reads uncommitted records, aborted ones included); older windows replayed into Redis change nothing."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from feature_store.loader import run_loader
 from feature_store.redis_store import RedisFeatureStore
 from flink_jobs.runner import latest_checkpoint
 from rtrec.settings import Settings
-from schemas.kafka_io import AvroProducer, producer_config
+from schemas.kafka_io import AvroProducer, producer_config, read_topic
 from tests.flink_jobs.harness import create_topics, event, job_settings, produce, running_job, wait_for
 from tests.flink_jobs.test_cluster import renamed
 
@@ -28,11 +28,12 @@ def window_keys(records: list[dict]) -> list[tuple]:
     return [(r["entity_type"], r["entity_id"], r["horizon_s"], r["window_start"]) for r in records]
 
 
-def load_into_redis(s: Settings) -> dict[bytes, dict]:
-    store = RedisFeatureStore(s.redis.url, s.redis.key_prefix, 600)
+def load_into_redis(s: Settings, isolation_level: str = "read_committed") -> dict[bytes, dict]:
+    prefix = s.redis.key_prefix + ("" if isolation_level == "read_committed" else "-" + isolation_level)
+    store = RedisFeatureStore(s.redis.url, prefix, 600)
     run_loader(s.kafka.bootstrap_servers, s.kafka.topics.features, s.kafka.topics.dead_letter,
-               f"loader-{s.redis.key_prefix}", store, idle_exit_s=3.0, partitions=1)
-    keys = sorted(store.client.scan_iter(f"{s.redis.key_prefix}:f:*"))
+               f"loader-{prefix}", store, idle_exit_s=3.0, partitions=1, isolation_level=isolation_level)
+    keys = sorted(store.client.scan_iter(f"{prefix}:f:*"))
     return {k.split(b":f:", 1)[1]: store.client.hgetall(k) for k in keys}
 
 
@@ -57,12 +58,21 @@ def test_restart_from_checkpoint_is_exactly_once(settings: Settings, tmp_path: P
         produce(straight, PHASE1 + PHASE2)
         expected = wait_for(straight, straight.kafka.topics.features, "FeatureRecord", final)
 
+    # Checkpoints every 10 s: once the first one has committed phase 1, the first half of phase 2
+    # closes windows that are sent (visible to read_uncommitted) and then aborted by the cancel.
+    interrupted = interrupted.model_copy(update={"flink": interrupted.flink.model_copy(
+        update={"checkpoint_interval_ms": 10_000})})
+    half = len(PHASE2) // 2
+    topic = interrupted.kafka.topics.features
     with running_job(interrupted, with_samples=False):
         produce(interrupted, PHASE1)
-        wait_for(interrupted, interrupted.kafka.topics.features, "FeatureRecord", lambda got: len(got.records) > 5)
+        wait_for(interrupted, topic, "FeatureRecord", lambda got: len(got.records) > 5)
+        produce(interrupted, PHASE2[:half])
+        wait_for(interrupted, topic, "FeatureRecord", isolation_level="read_uncommitted",
+                 done=lambda got: any(r["window_start"] >= PHASE2[0]["event_time"] - 3000 for r in got.records))
     checkpoint = latest_checkpoint(interrupted.flink.checkpoint_dir)
     assert checkpoint is not None
-    produce(interrupted, PHASE2)  # arrives while the job is down
+    produce(interrupted, PHASE2[half:])  # arrives while the job is down
     with running_job(interrupted, resume=True, with_samples=False):
         got = wait_for(interrupted, interrupted.kafka.topics.features, "FeatureRecord", final)
 
@@ -73,6 +83,10 @@ def test_restart_from_checkpoint_is_exactly_once(settings: Settings, tmp_path: P
 
     redis_straight, redis_restarted = load_into_redis(straight), load_into_redis(interrupted)
     assert redis_straight and redis_restarted == redis_straight
+    aborted = len(read_topic(interrupted.kafka.bootstrap_servers, topic, "FeatureRecord",
+                             isolation_level="read_uncommitted").records) - len(got.records)
+    assert aborted > 0, "no aborted records: the read_uncommitted case below would prove nothing"
+    assert load_into_redis(interrupted, "read_uncommitted") == redis_straight
 
     # replaying older windows (as a backfill would) leaves Redis unchanged
     producer = AvroProducer(producer_config(interrupted.kafka.bootstrap_servers), interrupted.kafka.topics.features,
