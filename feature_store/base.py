@@ -6,14 +6,31 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
+UNKNOWN_WINDOW_END = -1
+
 
 @dataclass(frozen=True)
 class OnlineFeatures:
-    """Values per entity (None where unknown) and, per value, the end of its window (feature age)."""
+    """Values per entity and name, NaN where unknown, and per value the end (epoch ms) of the window
+    it describes, UNKNOWN_WINDOW_END where unknown: a feature's age is now minus its window end.
+
+    >>> f = OnlineFeatures(["60s.ctr"], np.array([[0.25], [np.nan]]), np.array([[9000], [-1]]))
+    >>> f.entity(0), f.entity(1)
+    (({'60s.ctr': 0.25}, {'60s.ctr': 9000}), ({'60s.ctr': None}, {'60s.ctr': None}))
+    """
 
     names: list[str]
-    values: list[list[float | None]]  # [entity][name]
-    window_end_ms: list[list[int | None]]  # [entity][name]
+    values: np.ndarray  # float64 [entity, name]
+    window_end_ms: np.ndarray  # int64 [entity, name]
+
+    def entity(self, i: int) -> tuple[dict[str, float | None], dict[str, int | None]]:
+        """Row `i` as plain dicts, None where unknown (for JSON and people)."""
+        values = {n: None if np.isnan(v) else float(v) for n, v in zip(self.names, self.values[i], strict=True)}
+        ends = {n: None if e == UNKNOWN_WINDOW_END else int(e)
+                for n, e in zip(self.names, self.window_end_ms[i], strict=True)}
+        return values, ends
 
 
 class FeatureWriter(Protocol):

@@ -3,7 +3,11 @@
 Writes go through one pipeline per batch, one server-side script call per 500 (entity, horizon)
 slots: the script replaces a slot only when the incoming window ends at or after the stored one, so
 replays, restarts and backfills never overwrite newer values. Inside a batch the newest window per
-slot is picked before anything is sent. Reads are one script call per 500 entities, too.
+slot is picked before anything is sent.
+
+Reads are plain HMGETs, one per entity, written to the socket as one pre-encoded pipeline and parsed
+by hiredis; the replies become one float64 matrix. Building the commands in redis-py's pipeline, or
+unpacking replies per value, cost more than Redis itself spends answering.
 """
 
 from __future__ import annotations
@@ -11,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import redis
 
-from feature_store.base import OnlineFeatures
+from feature_store.base import UNKNOWN_WINDOW_END, OnlineFeatures
 from feature_store.keys import entity_key, field_name, split_feature_name, window_end_field
 
 VALUE_FIELDS = ("impressions", "clicks", "likes", "carts", "orders", "ctr", "dwell_sum_ms", "dwell_mean_ms",
@@ -41,16 +46,8 @@ end
 return written
 """
 
-# Many reads per call: KEYS the entity hashes, ARGV the fields; one flat array back.
-READ_MANY = """
-local out = {}
-for k = 1, #KEYS do
-  local values = redis.call('HMGET', KEYS[k], unpack(ARGV))
-  for i = 1, #values do out[#out + 1] = values[i] end
-end
-return out
-"""
 SLOTS_PER_CALL = 500
+ENTITIES_PER_SEND = 10_000  # bounds the request and reply held in memory at once
 
 
 def latest_per_slot(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -78,7 +75,6 @@ class RedisFeatureStore:
         self.ttl_s = ttl_s
         self._client: redis.Redis | None = None
         self._script: Any = None
-        self._reader: Any = None
 
     @property
     def client(self) -> redis.Redis:
@@ -86,18 +82,16 @@ class RedisFeatureStore:
             self._client = redis.Redis.from_url(self.url)
         return self._client
 
-    def _scripts(self) -> tuple[Any, Any]:
-        client = self.client
-        if self._script is None or self._reader is None:
-            self._script = client.register_script(NEWEST_WINS)
-            self._reader = client.register_script(READ_MANY)
-        return self._script, self._reader
+    def _writer(self) -> Any:
+        if self._script is None:
+            self._script = self.client.register_script(NEWEST_WINS)
+        return self._script
 
     def write_batch(self, records: Sequence[Mapping[str, Any]]) -> int:
         latest = latest_per_slot(records)
         if not latest:
             return 0
-        writer, _ = self._scripts()
+        writer = self._writer()
         pipe = self.client.pipeline(transaction=False)
         for start in range(0, len(latest), SLOTS_PER_CALL):
             chunk = latest[start:start + SLOTS_PER_CALL]
@@ -112,7 +106,7 @@ class RedisFeatureStore:
         try:
             results = pipe.execute()
         except redis.exceptions.NoScriptError:
-            self._script = self._reader = None
+            self._script = None
             return self.write_batch(records)
         return int(sum(results))
 
@@ -120,22 +114,31 @@ class RedisFeatureStore:
         parsed = [split_feature_name(n) for n in names]
         horizons = sorted({h for h, _ in parsed})
         fields = list(names) + [window_end_field(h) for h in horizons]
-        _, reader = self._scripts()
         keys = [entity_key(self.prefix, entity_type, entity_id) for entity_id in ids]
-        pipe = self.client.pipeline(transaction=False)
-        for start in range(0, len(keys), SLOTS_PER_CALL):
-            reader(keys=keys[start:start + SLOTS_PER_CALL], args=fields, client=pipe)
+        flat: list[bytes] = []
+        for start in range(0, len(keys), ENTITIES_PER_SEND):
+            flat += self._hmget_each(keys[start:start + ENTITIES_PER_SEND], fields)
+        matrix = np.array(flat, dtype=np.float64).reshape(len(keys), len(fields))
+        n = len(names)
+        end_columns = [n + horizons.index(h) for h, _ in parsed]
+        ends = np.nan_to_num(matrix[:, end_columns], nan=UNKNOWN_WINDOW_END).astype(np.int64)
+        return OnlineFeatures(list(names), matrix[:, :n], ends)
+
+    def _hmget_each(self, keys: Sequence[str], fields: Sequence[str]) -> list[bytes]:
+        """`HMGET key *fields` for every key in one round trip; missing values come back as b"nan"."""
+        tail = b"".join(b"$%d\r\n%s\r\n" % (len(f), f) for f in (f.encode() for f in fields))
+        head = b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2)
+        payload = b"".join([head + b"$%d\r\n%s\r\n" % (len(k), k) + tail for k in (k.encode() for k in keys)])
+        pool = self.client.connection_pool
+        connection = pool.get_connection("HMGET")
+        flat: list[bytes | None] = []
         try:
-            flat = [v for part in pipe.execute() for v in part]
-        except redis.exceptions.NoScriptError:
-            self._script = self._reader = None
-            return self.get_online_features(entity_type, ids, names)
-        n, width = len(names), len(fields)
-        position = {h: n + i for i, h in enumerate(horizons)}
-        values: list[list[float | None]] = []
-        ends: list[list[int | None]] = []
-        for start in range(0, len(flat), width):
-            row = flat[start:start + width]
-            values.append([None if raw is None else float(raw) for raw in row[:n]])
-            ends.append([None if row[position[h]] is None else int(row[position[h]]) for h, _ in parsed])
-        return OnlineFeatures(list(names), values, ends)
+            connection.send_packed_command([payload])
+            for _ in keys:
+                flat += connection.read_response()
+        except BaseException:
+            connection.disconnect()  # unread replies must not answer the next caller's command
+            raise
+        finally:
+            pool.release(connection)
+        return [b"nan" if v is None else v for v in flat]

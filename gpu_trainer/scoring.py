@@ -61,10 +61,9 @@ def feature_matrix(reader: FeatureReader, user_id: str, item_ids: Sequence[str])
     """Rows in FEATURE_NAMES order: the user's features repeated, then each item's; unknown -> 0."""
     user = reader.get_online_features("user", [user_id], names_for("user"))
     items = reader.get_online_features("item", list(item_ids), names_for("item"))
-    user_row = [v or 0.0 for v in user.values[0]]
-    rows = [user_row + [v or 0.0 for v in item_values] for item_values in items.values]
-    matrix = np.asarray(rows, dtype=np.float32).reshape(len(item_ids), len(FEATURE_NAMES))
-    return matrix
+    user_rows = np.broadcast_to(np.nan_to_num(user.values[:1], nan=0.0), (len(item_ids), user.values.shape[1]))
+    matrix = np.hstack([user_rows, np.nan_to_num(items.values, nan=0.0)]).astype(np.float32)
+    return matrix.reshape(len(item_ids), len(FEATURE_NAMES))
 
 
 def score(loaded: LoadedModel, reader: FeatureReader, user_id: str, item_ids: Sequence[str]) -> list[float]:

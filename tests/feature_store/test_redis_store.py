@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import redis
 
+from feature_store.base import UNKNOWN_WINDOW_END
 from feature_store.feature_set import names_for
 from feature_store.keys import entity_key
 from feature_store.redis_store import RedisFeatureStore
@@ -25,20 +28,21 @@ def store(settings: Settings) -> RedisFeatureStore:
 def test_newest_window_wins_across_and_inside_batches(store: RedisFeatureStore) -> None:
     assert store.write_batch([record("u1", 6000, 1), record("u1", 9000, 2), record("u1", 3000, 9)]) == 1
     got = store.get_online_features("user", ["u1"], ["60s.clicks", "60s.ctr"])
-    assert got.values == [[2.0, 0.2]] and got.window_end_ms == [[9000, 9000]]
+    assert got.values.tolist() == [[2.0, 0.2]] and got.window_end_ms.tolist() == [[9000, 9000]]
     # A replay of older windows changes nothing; the same window again is an idempotent rewrite.
     assert store.write_batch([record("u1", 6000, 5)]) == 0
     assert store.write_batch([record("u1", 9000, 2)]) == 1
-    assert store.get_online_features("user", ["u1"], ["60s.clicks"]).values == [[2.0]]
+    assert store.get_online_features("user", ["u1"], ["60s.clicks"]).values.tolist() == [[2.0]]
     assert store.write_batch([record("u1", 12000, 7)]) == 1
-    assert store.get_online_features("user", ["u1"], ["60s.clicks"]).values == [[7.0]]
+    assert store.get_online_features("user", ["u1"], ["60s.clicks"]).values.tolist() == [[7.0]]
 
 
-def test_horizons_are_independent_and_unknowns_are_none(store: RedisFeatureStore) -> None:
+def test_horizons_are_independent_and_unknowns_are_marked(store: RedisFeatureStore) -> None:
     store.write_batch([record("u2", 9000, 1, horizon_s=60), record("u2", 6000, 4, horizon_s=600)])
     got = store.get_online_features("user", ["u2", "nobody"], ["60s.clicks", "600s.clicks"])
-    assert got.values == [[1.0, 4.0], [None, None]]
-    assert got.window_end_ms == [[9000, 6000], [None, None]]
+    assert got.values[0].tolist() == [1.0, 4.0] and np.isnan(got.values[1]).all()
+    assert got.window_end_ms.tolist() == [[9000, 6000], [UNKNOWN_WINDOW_END, UNKNOWN_WINDOW_END]]
+    assert got.entity(1) == ({"60s.clicks": None, "600s.clicks": None}, {"60s.clicks": None, "600s.clicks": None})
     assert len(names_for("user")) == 10
 
 
@@ -51,3 +55,17 @@ def test_ttl_is_set_per_key(store: RedisFeatureStore, settings: Settings) -> Non
 def test_bad_feature_name_is_a_clear_error(store: RedisFeatureStore) -> None:
     with pytest.raises(ValueError, match="is not '<horizon>s.<feature>'"):
         store.get_online_features("user", ["u1"], ["clicks"])
+
+
+def test_reads_in_many_sends_keep_order_and_survive_errors(store: RedisFeatureStore, settings: Settings,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("feature_store.redis_store.ENTITIES_PER_SEND", 7)
+    store.write_batch([record(f"m{k}", 9000, k) for k in range(30)])
+    got = store.get_online_features("user", [f"m{k}" for k in range(30)] + ["gone"], ["60s.clicks"])
+    assert got.values[:30, 0].tolist() == [float(k) for k in range(30)] and np.isnan(got.values[30, 0])
+    assert store.get_online_features("user", [], ["60s.clicks"]).values.shape == (0, 1)
+    # a key of the wrong type fails the read clearly, and the next read on the pool is not confused
+    store.client.set(entity_key(settings.redis.key_prefix, "user", "oops"), "x")
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        store.get_online_features("user", ["m1", "oops", "m2"], ["60s.clicks"])
+    assert store.get_online_features("user", ["m3"], ["60s.clicks"]).values.tolist() == [[3.0]]

@@ -43,5 +43,6 @@ def test_backfill_time_range(settings: Settings) -> None:
     u1 = [r for r in features if (r["entity_id"], r["horizon_s"], r["window_start"]) == ("u1", 3, T)]
     assert len(u1) == 1 and u1[0]["impressions"] == 3  # a1, a3, a5 in [T, T+3s)
     got = store.get_online_features("user", ["u0", "u1"], ["3s.impressions"])
-    assert got.values[0] == [42.0] and got.window_end_ms[0] == [T + 10**9 + 3000]  # newer live value kept
-    assert got.values[1] == [3.0] and got.window_end_ms[1] == [T + 6000]  # u1: a7, a9, a11 in [T+3s, T+6s)
+    # u0: the newer live value is kept; u1: a7, a9, a11 in [T+3s, T+6s)
+    assert got.values.tolist() == [[42.0], [3.0]]
+    assert got.window_end_ms.tolist() == [[T + 10**9 + 3000], [T + 6000]]
