@@ -195,6 +195,8 @@ def freshness(settings: Settings, seconds: float, rate: float, checkpoint_ms: in
 
 
 def reads(settings: Settings, n_entities: int = 20_000) -> None:
+    """One caller, then four concurrent callers (threads sharing the store), each against
+    redis-benchmark with its default 50 connections and with one, pipelining as deep as the batch."""
     s = isolated(settings)
     store = RedisFeatureStore(s.redis.url, s.redis.key_prefix, 3600)
     now = int(time.time() * 1000)
@@ -205,25 +207,44 @@ def reads(settings: Settings, n_entities: int = 20_000) -> None:
     ids = [f"u{i}" for i in range(n_entities)]
     port = s.redis.url.rsplit(":", 1)[1].split("/")[0]
     for batch in (100, 1000):
-        began, done = time.perf_counter(), 0
-        while time.perf_counter() - began < 3.0:
-            for start in range(0, len(ids), batch):
+        reference = {clients: _redis_benchmark(port, f"{s.redis.key_prefix}:f:user:u1",
+                                               names + ["60s.__we", "600s.__we"], batch, clients)
+                     for clients in (50, 1)}
+        for callers in (1, 4):
+            rate, done = _read_rate(store, ids, names, batch, callers)
+            extra = {f"redis_benchmark_c{c}": ref for c, ref in reference.items() if ref is not None}
+            extra.update({f"ratio_c{c}": round(rate / ref, 3) for c, ref in reference.items() if ref})
+            emit("features", f"reads_entities_per_s_batch{batch}_callers{callers}", rate, "entities/s", done, **extra)
+
+
+def _read_rate(store: RedisFeatureStore, ids: list[str], names: list[str], batch: int, callers: int,
+               seconds: float = 3.0) -> tuple[float, int]:
+    counts = [0] * callers
+    began = time.perf_counter()
+
+    def caller(k: int) -> None:
+        while time.perf_counter() - began < seconds:
+            for start in range(k * batch, len(ids), batch * callers):
                 store.get_online_features("user", ids[start:start + batch], names)
-                done += len(ids[start:start + batch])
-        ours = done / (time.perf_counter() - began)
-        key = f"{s.redis.key_prefix}:f:user:u1"
-        fields = names + ["60s.__we", "600s.__we"]
-        bench = shutil.which("redis-benchmark")
-        if bench is None:
-            print("redis-benchmark not installed (Debian: redis-tools); skipping the reference", file=sys.stderr)
-            emit("features", f"reads_entities_per_s_batch{batch}", ours, "entities/s", done)
-            continue
-        out = subprocess.run([bench, "-p", port, "-n", "200000", "-P", str(batch), "-q", "hmget", key, *fields],
-                             capture_output=True, text=True).stdout
-        match = re.search(r"([\d.]+) requests per second", out.replace(",", ""))
-        reference = float(match.group(1)) if match else float("nan")
-        emit("features", f"reads_entities_per_s_batch{batch}", ours, "entities/s", done,
-             redis_benchmark_pipelined_hmget=reference, ratio=round(ours / reference, 3))
+                counts[k] += len(ids[start:start + batch])
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(callers)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return sum(counts) / (time.perf_counter() - began), sum(counts)
+
+
+def _redis_benchmark(port: str, key: str, fields: list[str], pipeline: int, clients: int) -> float | None:
+    bench = shutil.which("redis-benchmark")
+    if bench is None:
+        print("redis-benchmark not installed (Debian: redis-tools); no reference", file=sys.stderr)
+        return None
+    out = subprocess.run([bench, "-p", port, "-n", "300000", "-c", str(clients), "-P", str(pipeline), "-q",
+                          "hmget", key, *fields], capture_output=True, text=True).stdout
+    match = re.search(r"([\d.]+) requests per second", out.replace(",", ""))
+    return float(match.group(1)) if match else None
 
 
 def main() -> None:

@@ -14,7 +14,8 @@ UNKNOWN_WINDOW_END = -1
 @dataclass(frozen=True)
 class OnlineFeatures:
     """Values per entity and name, NaN where unknown, and per value the end (epoch ms) of the window
-    it describes, UNKNOWN_WINDOW_END where unknown: a feature's age is now minus its window end.
+    it describes, UNKNOWN_WINDOW_END where unknown: a feature's age is now minus its window end. The
+    arrays may be read-only views of the store's reply buffer; copy before writing into them.
 
     >>> f = OnlineFeatures(["60s.ctr"], np.array([[0.25], [np.nan]]), np.array([[9000], [-1]]))
     >>> f.entity(0), f.entity(1)

@@ -2,7 +2,9 @@
 
 One hash per entity: `{prefix}:f:{entity_type}:{entity_id}`. Fields are `{horizon}s.{feature}`
 (e.g. `60s.clicks`) plus `{horizon}s.__we`, the end (epoch ms) of the window those values describe.
-A horizon's fields are only ever replaced together, by a window that ends later (newest wins).
+Every value is 8 bytes, a little-endian IEEE float64 (`struct.unpack('<d', v)`; window ends in ms
+are exact). A horizon's fields are only ever replaced together, by a window that ends later (newest
+wins). `rtrec features get` prints them decoded.
 
 >>> entity_key("rtrec", "user", "u1")
 'rtrec:f:user:u1'
@@ -16,7 +18,12 @@ from __future__ import annotations
 
 
 def entity_key(prefix: str, entity_type: str, entity_id: str) -> str:
-    return f"{prefix}:f:{entity_type}:{entity_id}"
+    return entity_key_prefix(prefix, entity_type) + entity_id
+
+
+def entity_key_prefix(prefix: str, entity_type: str) -> str:
+    """Every key of one entity type starts with this."""
+    return f"{prefix}:f:{entity_type}:"
 
 
 def field_name(horizon_s: int, feature: str) -> str:

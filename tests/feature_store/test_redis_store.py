@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 import redis
@@ -69,3 +71,16 @@ def test_reads_in_many_sends_keep_order_and_survive_errors(store: RedisFeatureSt
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
         store.get_online_features("user", ["m1", "oops", "m2"], ["60s.clicks"])
     assert store.get_online_features("user", ["m3"], ["60s.clicks"]).values.tolist() == [[3.0]]
+
+
+def test_values_are_packed_float64_and_other_layouts_are_refused(store: RedisFeatureStore, settings: Settings) -> None:
+    store.write_batch([record("b1", 9000, 2)])
+    raw = store.client.hget(entity_key(settings.redis.key_prefix, "user", "b1"), "60s.ctr")
+    assert raw == struct.pack("<d", 0.2)
+    old_layout = {"60s.clicks": "2", "60s.__we": "9000"}  # decimal text
+    store.client.hset(entity_key(settings.redis.key_prefix, "user", "old"), mapping=old_layout)
+    with pytest.raises(ValueError, match="not 8-byte float64s"):
+        store.get_online_features("user", ["b1", "old"], ["60s.clicks"])
+    # a write replaces an old-layout slot instead of comparing against it
+    assert store.write_batch([record("old", 6000, 4)]) == 1
+    assert store.get_online_features("user", ["old"], ["60s.clicks"]).values.tolist() == [[4.0]]
