@@ -18,7 +18,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from schemas.registry import schema
+from schemas.registry import history, schema
 
 _PRIMITIVES = {"string": "STRING", "long": "BIGINT", "int": "INT", "double": "DOUBLE", "float": "FLOAT",
                "boolean": "BOOLEAN", "bytes": "BYTES"}
@@ -53,6 +53,19 @@ def columns(schema_name: str) -> list[tuple[str, str]]:
 
 def schema_json(schema_name: str) -> str:
     return json.dumps(schema(schema_name).raw, separators=(",", ":"))
+
+
+def writer_schemas(schema_name: str) -> str:
+    """Every version a record may be written with (frozen history, then current), one per line:
+    header value, tab, schema JSON. JSON text never holds a raw newline or tab.
+
+    >>> lines = writer_schemas("InteractionEvent").splitlines()
+    >>> lines[-1].startswith("InteractionEvent:") and lines[-1].split(chr(9))[1] == schema_json("InteractionEvent")
+    True
+    """
+    versions = {s.fingerprint: s for s in [*history(schema_name), schema(schema_name)]}
+    return "\n".join(f"{s.header_value.decode()}\t{json.dumps(s.raw, separators=(',', ':'))}"
+                     for s in versions.values())
 
 
 def header_literal(schema_name: str) -> str:

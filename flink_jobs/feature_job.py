@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pyflink.table import StatementSet, TableEnvironment
 
 from feature_store.feature_set import FEATURE_SET, HORIZONS_S
-from flink_jobs.ddl import avro_sink_ddl, events_source_ddl, quote, schema_json
+from flink_jobs.ddl import avro_sink_ddl, events_source_ddl, quote, schema_json, writer_schemas
 from flink_jobs.feature_sql import dead_letters_sql, decoded_view_sql, good_events_sql, window_sql
 from flink_jobs.sample_sql import (
     base_rows_sql,
@@ -24,14 +24,13 @@ from flink_jobs.sample_sql import (
     samples_sql,
 )
 from rtrec.settings import Settings
-from schemas.registry import schema
 
 
 def decode_args(settings: Settings) -> str:
     f = settings.flink
     past = "CAST(NULL AS BIGINT)" if f.max_event_age_ms is None else f"CAST({f.max_event_age_ms} AS BIGINT)"
-    header = schema("InteractionEvent").header_value.decode()
-    return f"{quote(header)}, {quote(schema_json('InteractionEvent'))}, {past}, CAST({f.max_future_skew_ms} AS BIGINT)"
+    writers = quote(writer_schemas("InteractionEvent"))
+    return f"{writers}, {quote(schema_json('InteractionEvent'))}, {past}, CAST({f.max_future_skew_ms} AS BIGINT)"
 
 
 def build_job(settings: Settings, t_env: TableEnvironment, startup: Mapping[str, str] | None = None,

@@ -4,6 +4,7 @@ import java.io.ByteArrayInputStream;
 import java.io.EOFException;
 import java.nio.charset.StandardCharsets;
 import java.util.Arrays;
+import java.util.HashMap;
 import java.util.Map;
 
 import org.apache.avro.Schema;
@@ -19,11 +20,13 @@ import org.apache.flink.types.Row;
 /**
  * Decodes one InteractionEvent from a Kafka value in the JVM, or says why it cannot.
  *
- * <p>Arguments: the value bytes, the record headers, the expected schema header value
- * ("InteractionEvent:&lt;fingerprint&gt;"), the schema JSON (from schemas/avro, passed in by the
- * job so there is one copy of it), and the accepted event-time range as epoch-ms offsets from now
- * (past may be null: no limit). A bad record becomes a row whose {@code error} says why, so the job
- * routes it to the dead-letter topic instead of failing.
+ * <p>Arguments: the value bytes, the record headers, the writer schemas it accepts (one per line:
+ * the schema header value "InteractionEvent:&lt;fingerprint&gt;", a tab, the schema JSON; the current
+ * version and every frozen one in schemas/history), the current (reader) schema JSON, and the
+ * accepted event-time range as epoch-ms offsets from now (past may be null: no limit). Records
+ * written with an older version are resolved to the current one, as the Python readers do. The
+ * job passes the schemas in, so schemas/ stays their only copy. A bad record becomes a row whose
+ * {@code error} says why, so the job routes it to the dead-letter topic instead of failing.
  */
 @FunctionHint(output = @DataTypeHint(
     "ROW<event_id STRING, user_id STRING, item_id STRING, event_type STRING, event_time_ms BIGINT, "
@@ -32,23 +35,24 @@ public class DecodeInteractionEvent extends ScalarFunction {
   private static final long FLOOR_MS = 946_684_800_000L; // 2000-01-01: older is a unit error
   private static final String[] TYPES = {"impression", "click", "like", "cart", "order", "share"};
 
-  private transient String cachedSchemaJson;
-  private transient GenericDatumReader<GenericRecord> reader;
+  private transient String cachedWriters;
+  private transient Map<String, GenericDatumReader<GenericRecord>> readers;
   private transient BinaryDecoder decoder;
 
-  public Row eval(byte[] value, Map<String, byte[]> headers, String expectedHeader, String schemaJson,
+  public Row eval(byte[] value, Map<String, byte[]> headers, String writerSchemas, String readerSchemaJson,
       Long maxPastMs, Long maxFutureMs) {
-    if (!schemaJson.equals(cachedSchemaJson)) {
-      reader = new GenericDatumReader<>(new Schema.Parser().parse(schemaJson));
-      cachedSchemaJson = schemaJson;
+    if (!writerSchemas.equals(cachedWriters)) {
+      readers = readersByHeader(writerSchemas, readerSchemaJson);
+      cachedWriters = writerSchemas;
     }
     byte[] header = headers == null ? null : headers.get("rtrec-schema");
     if (header == null) {
       return error("missing rtrec-schema header");
     }
     String headerText = new String(header, StandardCharsets.UTF_8);
-    if (!headerText.equals(expectedHeader)) {
-      return error("unknown schema " + headerText + " (expected " + expectedHeader + ")");
+    GenericDatumReader<GenericRecord> reader = readers.get(headerText);
+    if (reader == null) {
+      return error("unknown schema " + headerText + " (known: " + String.join(", ", readers.keySet()) + ")");
     }
     if (value == null) {
       return error("empty value (tombstone)");
@@ -87,6 +91,21 @@ public class DecodeInteractionEvent extends ScalarFunction {
     Object session = rec.get("session_id");
     return Row.of(eventId, userId, itemId, type, t, dwell == null ? null : (Long) dwell,
         position == null ? null : (Integer) position, session == null ? null : session.toString(), null);
+  }
+
+  private static Map<String, GenericDatumReader<GenericRecord>> readersByHeader(String writerSchemas,
+      String readerSchemaJson) {
+    Schema readerSchema = new Schema.Parser().parse(readerSchemaJson);
+    Map<String, GenericDatumReader<GenericRecord>> byHeader = new HashMap<>();
+    for (String line : writerSchemas.split("\n")) {
+      int tab = line.indexOf('\t');
+      if (tab < 0) {
+        throw new IllegalArgumentException("writer schema line without a tab: " + line);
+      }
+      Schema writer = new Schema.Parser().parse(line.substring(tab + 1));
+      byHeader.put(line.substring(0, tab), new GenericDatumReader<>(writer, readerSchema));
+    }
+    return byHeader;
   }
 
   private static String str(Object o) {

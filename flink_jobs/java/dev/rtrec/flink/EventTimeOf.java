@@ -15,8 +15,8 @@ public class EventTimeOf extends ScalarFunction {
   private final DecodeInteractionEvent decoder = new DecodeInteractionEvent();
 
   public @DataTypeHint("BIGINT NOT NULL") Long eval(byte[] value, Map<String, byte[]> headers,
-      String expectedHeader, String schemaJson, Long maxPastMs, Long maxFutureMs) {
-    Row row = decoder.eval(value, headers, expectedHeader, schemaJson, maxPastMs, maxFutureMs);
+      String writerSchemas, String readerSchemaJson, Long maxPastMs, Long maxFutureMs) {
+    Row row = decoder.eval(value, headers, writerSchemas, readerSchemaJson, maxPastMs, maxFutureMs);
     return row.getField(8) == null ? (Long) row.getField(4) : 0L;
   }
 }
