@@ -9,13 +9,15 @@ then scored in event-time order by:
 - real-time: incremental (test-then-train), plain / with EMA / with EWC / with both.
 
 Every strategy is scored on the same samples (those after the first part), each before it learns
-from them, so the AUC and logloss figures are comparable.
+from them, so the AUC and logloss figures are comparable. The report gives each AUC a 95 % bootstrap
+interval and each strategy's AUC difference from the frozen model a paired one (the same resampled
+samples for every strategy), so a difference is only read as one when its interval excludes zero.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,8 +50,9 @@ class StrategyResult:
         return logloss(self.probs, self.labels)
 
 
-def pipeline_samples(settings: Settings, path: Path, mapping: ColumnMapping, say: Callable[[str], None]) -> list[dict]:
-    """Replays the log into fresh topics, runs the feature job bounded over them, returns the samples."""
+def pipeline_samples(settings: Settings, paths: Sequence[Path], mapping: ColumnMapping, say: Callable[[str], None],
+                     items_by_file: bool = False) -> list[dict]:
+    """Replays the logs into fresh topics, runs the feature job bounded over them, returns the samples."""
     from flink_jobs.runner import start_job
 
     run = uuid.uuid4().hex[:8]
@@ -59,7 +62,7 @@ def pipeline_samples(settings: Settings, path: Path, mapping: ColumnMapping, say
         "flink": settings.flink.model_copy(update={"group_id": f"rtrec-eval-{run}",
                                                    "checkpoint_dir": settings.flink.checkpoint_dir / f"eval-{run}"})})
     ensure_topics(s.kafka.bootstrap_servers, list(topics.model_dump().values()), s.kafka.partitions)
-    summary = produce_replay(s, path, mapping, progress=True, report=say)
+    summary = produce_replay(s, paths, mapping, progress=True, report=say, items_by_file=items_by_file)
     say(f"[evaluate] replayed {summary.produced} events ({summary.rejected} rows rejected); running the feature job")
     start_job(s, resume=False, startup={"scan.startup.mode": "earliest-offset", "scan.bounded.mode": "latest-offset"},
               job_id=f"eval-{run}").wait()
@@ -89,13 +92,31 @@ def _fit(cfg: TrainerSettings, columns: Columns, epochs: int, batch: int) -> Lea
     return learner
 
 
+def _item_ctr(head: Columns, tail: Columns, prior: float = 20.0) -> np.ndarray:
+    """A sanity baseline without a model: each item's click rate in the first part, shrunk towards
+    the overall rate by `prior` impressions. When even this cannot rank the rest, the log holds
+    little item-level signal for any strategy to find."""
+    base = float(head.label.mean())
+    clicks: dict[str, float] = {}
+    shown: dict[str, int] = {}
+    for item, label in zip(head.item_id, head.label, strict=True):
+        clicks[item] = clicks.get(item, 0.0) + float(label)
+        shown[item] = shown.get(item, 0) + 1
+    return np.array([(clicks.get(i, 0.0) + prior * base) / (shown.get(i, 0) + prior) for i in tail.item_id])
+
+
 def compare(samples: list[dict], cfg: TrainerSettings, train_fraction: float, period_s: float, batch: int = 256,
-            epochs: int = 3) -> list[StrategyResult]:
+            epochs: int = 3, ewc_lambdas: Sequence[float] = ()) -> list[StrategyResult]:
+    """Frozen, periodic, then the real-time variants; EWC runs once per λ in `ewc_lambdas`
+    (default: the configured one)."""
     columns = Columns.from_records(samples)
     cut = int(len(columns) * train_fraction)
     head, tail = columns.select(np.arange(cut)), columns.select(np.arange(cut, len(columns)))
     results = [StrategyResult("frozen (first part)", _predict(_fit(cfg, head, epochs, batch), tail), tail.label,
                               tail.event_time_ms)]
+
+    results.append(StrategyResult("item CTR of the first part (counts)", _item_ctr(head, tail), tail.label,
+                                  tail.event_time_ms))
 
     probs = []
     period_ms = int(period_s * 1000)
@@ -110,9 +131,13 @@ def compare(samples: list[dict], cfg: TrainerSettings, train_fraction: float, pe
     results.append(StrategyResult(f"periodic (every {period_s / 3600:g} h)", np.concatenate(probs), tail.label,
                                   tail.event_time_ms))
 
-    for name, ema, ewc in [("real-time plain", False, False), ("real-time + EMA", True, False),
-                           ("real-time + EWC", False, True), ("real-time + EMA + EWC", True, True)]:
-        variant = cfg.model_copy(update={"ema_enabled": ema, "ewc_enabled": ewc})
+    lambdas = list(ewc_lambdas) or [cfg.ewc_lambda]
+    variants = [("real-time plain", False, False, cfg.ewc_lambda), ("real-time + EMA", True, False, cfg.ewc_lambda)]
+    for lam in lambdas:
+        variants += [(f"real-time + EWC (λ={lam:g})", False, True, lam),
+                     (f"real-time + EMA + EWC (λ={lam:g})", True, True, lam)]
+    for name, ema, ewc, lam in variants:
+        variant = cfg.model_copy(update={"ema_enabled": ema, "ewc_enabled": ewc, "ewc_lambda": lam})
         learner = _fit(variant, head, epochs, batch)
         out = []
         for k, part in enumerate(_batches(tail, batch)):
@@ -124,6 +149,36 @@ def compare(samples: list[dict], cfg: TrainerSettings, train_fraction: float, pe
     return results
 
 
+@dataclass(frozen=True)
+class Intervals:
+    """95 % bootstrap intervals per strategy: of its AUC, and of its AUC minus the first strategy's."""
+
+    auc: np.ndarray  # [strategy, 2]
+    delta: np.ndarray  # [strategy, 2]
+
+
+def bootstrap(results: Sequence[StrategyResult], resamples: int = 300, seed: int = 0) -> Intervals:
+    """Paired: each resample draws the same samples (with replacement) for every strategy.
+
+    >>> y = np.array([0, 1] * 200); good = StrategyResult("a", y + 0.1, y, y)
+    >>> bad = StrategyResult("b", np.random.default_rng(1).random(400), y, y)
+    >>> iv = bootstrap([bad, good], resamples=50)
+    >>> bool(iv.auc[1, 0] == 1.0 and iv.delta[1, 0] > 0.3 and iv.delta[0, 0] == 0.0)
+    True
+    """
+    rng = np.random.default_rng(seed)
+    n = len(results[0].labels)
+    aucs = np.full((len(results), resamples), np.nan)
+    for b in range(resamples):
+        idx = rng.integers(0, n, n)
+        for i, r in enumerate(results):
+            value = auc(r.probs[idx], r.labels[idx])
+            aucs[i, b] = np.nan if value is None else value
+    percentiles = [2.5, 97.5]
+    return Intervals(np.nanpercentile(aucs, percentiles, axis=1).T,
+                     np.nanpercentile(aucs - aucs[0], percentiles, axis=1).T)
+
+
 def write_report(results: list[StrategyResult], out_dir: Path) -> tuple[str, Path]:
     import matplotlib
 
@@ -131,9 +186,19 @@ def write_report(results: list[StrategyResult], out_dir: Path) -> tuple[str, Pat
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    lines = ["| strategy | AUC | logloss | samples |", "|---|---|---|---|"]
-    for r in results:
-        lines.append(f"| {r.name} | {r.auc:.4f} | {r.logloss:.4f} | {len(r.labels)} |")
+    iv = bootstrap(results)
+    first = results[0].name
+    lines = [f"| strategy | AUC | 95 % CI | AUC - {first} (95 % CI) | logloss | samples | positives |",
+             "|---|---|---|---|---|---|---|"]
+    base = results[0].auc
+    for i, r in enumerate(results):
+        value = r.auc
+        if value is None or base is None:  # one class only: no AUC to compare
+            lines.append(f"| {r.name} | n/a | | | {r.logloss:.4f} | {len(r.labels)} | {int(r.labels.sum())} |")
+            continue
+        delta = "" if i == 0 else f"{value - base:+.4f} [{iv.delta[i, 0]:+.4f}, {iv.delta[i, 1]:+.4f}]"
+        lines.append(f"| {r.name} | {value:.4f} | [{iv.auc[i, 0]:.4f}, {iv.auc[i, 1]:.4f}] | {delta} | "
+                     f"{r.logloss:.4f} | {len(r.labels)} | {int(r.labels.sum())} |")
     table = "\n".join(lines)
     (out_dir / "evaluation.md").write_text(table + "\n")
     fig, ax = plt.subplots(figsize=(9, 4.5))

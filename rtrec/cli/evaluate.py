@@ -12,7 +12,9 @@ from rtrec.sources.replay import ColumnMapping
 
 
 @click.command("evaluate")
-@click.option("--data", "path", type=click.Path(path_type=Path, exists=True, dir_okay=False), required=True)
+@click.option("--data", "paths", type=click.Path(path_type=Path, exists=True, dir_okay=False), required=True,
+              multiple=True, help="A log file; repeat to merge several in event-time order.")
+@click.option("--items-by-file", is_flag=True, help="Prefix item ids with their file's stem (ids unique per file).")
 @click.option("--user-col", default="user_id", show_default=True)
 @click.option("--item-col", default="item_id", show_default=True)
 @click.option("--time-col", default="timestamp", show_default=True)
@@ -22,24 +24,28 @@ from rtrec.sources.replay import ColumnMapping
 @click.option("--position-col", default=None)
 @click.option("--train-fraction", type=float, default=0.3, show_default=True, help="The frozen model's share.")
 @click.option("--period-hours", type=float, default=24.0, show_default=True, help="Periodic retraining interval.")
+@click.option("--ewc-lambda", "ewc_lambdas", type=float, multiple=True,
+              help="EWC strength to compare; repeat for several (default: trainer.ewc_lambda).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=Path("eval-out"),
               show_default=True)
 @click.pass_obj
-def evaluate_command(settings: Settings, path: Path, user_col: str, item_col: str, time_col: str, type_col: str,
-                     type_map: str, click_col: str | None, position_col: str | None, train_fraction: float,
-                     period_hours: float, out_dir: Path) -> None:
-    """Replay a log through the pipeline and compare frozen, periodic and real-time training."""
+def evaluate_command(settings: Settings, paths: tuple[Path, ...], items_by_file: bool, user_col: str, item_col: str,
+                     time_col: str, type_col: str, type_map: str, click_col: str | None, position_col: str | None,
+                     train_fraction: float, period_hours: float, ewc_lambdas: tuple[float, ...],
+                     out_dir: Path) -> None:
+    """Replay logs through the pipeline and compare frozen, periodic and real-time training."""
     from rtrec.evaluation import compare, pipeline_samples, write_report
     from rtrec.services import manager
 
     manager.up(settings.services)
     mapping = ColumnMapping(user=user_col, item=item_col, time=time_col, type=type_col, type_map=_type_map(type_map),
                             click=click_col, position=position_col)
-    samples = pipeline_samples(settings, path, mapping, say=lambda m: click.echo(m, err=True))
+    samples = pipeline_samples(settings, paths, mapping, say=lambda m: click.echo(m, err=True),
+                               items_by_file=items_by_file)
     if len(samples) < 100:
         raise click.ClickException(f"only {len(samples)} samples: too few to compare strategies")
     cfg = settings.trainer.model_copy(update={"user_buckets": 1 << 16, "item_buckets": 1 << 14})
-    results = compare(samples, cfg, train_fraction, period_hours * 3600)
+    results = compare(samples, cfg, train_fraction, period_hours * 3600, ewc_lambdas=ewc_lambdas)
     table, plot = write_report(results, out_dir)
     click.echo(table)
     click.echo(f"plot: {plot}")

@@ -39,7 +39,7 @@ def _type_map(text: str) -> dict[str, str]:
 
 
 @produce_group.command("replay")
-@click.argument("path", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.option("--user-col", default="user_id", show_default=True, help="Column(s), '+'-joined, naming the user.")
 @click.option("--item-col", default="item_id", show_default=True)
 @click.option("--time-col", default="timestamp", show_default=True, help="Epoch s/ms/us or ISO-8601 with zone.")
@@ -52,15 +52,17 @@ def _type_map(text: str) -> dict[str, str]:
 @click.option("--session-col", default=None)
 @click.option("--event-id-col", default=None, help="Default: FILE:LINE, so a replay is idempotent.")
 @click.option("--speedup", type=float, default=None, help="Replay at N x event time (default: as fast as possible).")
+@click.option("--items-by-file", is_flag=True, help="Prefix item ids with their file's stem (ids unique per file).")
 @click.pass_obj
-def replay(settings: Settings, path: Path, user_col: str, item_col: str, time_col: str, type_col: str,
+def replay(settings: Settings, paths: tuple[Path, ...], user_col: str, item_col: str, time_col: str, type_col: str,
            default_type: str, type_map: str, click_col: str | None, dwell_col: str | None,
            position_col: str | None, session_col: str | None, event_id_col: str | None,
-           speedup: float | None) -> None:
-    """Replay a CSV or Parquet interaction log in event-time order."""
+           speedup: float | None, items_by_file: bool) -> None:
+    """Replay CSV or Parquet interaction logs, merged in event-time order."""
     mapping = ColumnMapping(user=user_col, item=item_col, time=time_col, type=type_col, default_type=default_type,
                             type_map=_type_map(type_map), click=click_col, dwell=dwell_col,
                             position=position_col, session=session_col, event_id=event_id_col)
-    summary = produce_replay(settings, path, mapping, speedup, report=lambda s: click.echo(s, err=True))
+    summary = produce_replay(settings, paths, mapping, speedup, report=lambda s: click.echo(s, err=True),
+                             items_by_file=items_by_file)
     click.echo(f"read {summary.read} rows, produced {summary.produced} events, rejected {summary.rejected} rows "
                f"(to {settings.kafka.topics.dead_letter}) in {summary.seconds:.1f}s")

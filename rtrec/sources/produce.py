@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +12,7 @@ from typing import Any
 from tqdm import tqdm
 
 from rtrec.settings import Settings
-from rtrec.sources.replay import ColumnMapping, read_log
+from rtrec.sources.replay import ColumnMapping, read_logs
 from rtrec.sources.synthetic import SyntheticEvents
 from schemas.kafka_io import AvroProducer, ensure_topics, producer_config
 
@@ -80,12 +80,14 @@ def produce_synthetic(settings: Settings, n: int | None, rate: float | None = No
     return ProduceSummary(produced, produced, 0, time.monotonic() - began)
 
 
-def produce_replay(settings: Settings, path: Path, mapping: ColumnMapping, speedup: float | None = None,
-                   progress: bool = True, report: Any = None) -> ProduceSummary:
-    """Replays a log file in event-time order; malformed rows are reported with their line number,
-    counted, and written to the dead-letter topic with the reason."""
+def produce_replay(settings: Settings, paths: Path | Sequence[Path], mapping: ColumnMapping,
+                   speedup: float | None = None, progress: bool = True, report: Any = None,
+                   items_by_file: bool = False) -> ProduceSummary:
+    """Replays one or more log files, merged, in event-time order; malformed rows are reported with
+    their file and line, counted, and written to the dead-letter topic with the reason."""
     began = time.monotonic()
-    events, rejected, n_rows = read_log(path, mapping)
+    events, rejected, n_rows = read_logs([paths] if isinstance(paths, Path) else list(paths), mapping,
+                                         items_by_file)
     producer = _events_producer(settings)
     produced = _send(producer, events, len(events), None, speedup, progress)
     if rejected:
@@ -94,8 +96,8 @@ def produce_replay(settings: Settings, path: Path, mapping: ColumnMapping, speed
         now = int(time.time() * 1000)
         for r in rejected:
             if report is not None:
-                report(f"{path.name}:{r.line}: rejected: {r.reason}")
-            dead.produce({"stage": "replay", "reason": f"{path.name}:{r.line}: {r.reason}", "source_topic": None,
+                report(f"{r.source}:{r.line}: rejected: {r.reason}")
+            dead.produce({"stage": "replay", "reason": f"{r.source}:{r.line}: {r.reason}", "source_topic": None,
                           "source_partition": None, "source_offset": None, "key": None,
                           "value": r.raw.encode(), "detected_at": now})
         dead.flush()

@@ -11,7 +11,7 @@ CLI produces the events and dead-letters the rejects. Nothing is dropped silentl
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -52,6 +52,7 @@ class Rejected:
     line: int
     reason: str
     raw: str
+    source: str = ""  # which file, when several are replayed together
 
 
 def parse_time_ms(value: str) -> int:
@@ -147,21 +148,61 @@ def _rows(path: Path) -> Iterator[tuple[int, Mapping[str, Any], str]]:
             yield line, dict(zip(header, values, strict=True)), raw
 
 
-def read_log(path: Path, mapping: ColumnMapping) -> tuple[list[Event], list[Rejected], int]:
-    """Events sorted by event time (stable), the rejected rows, and the number of rows read."""
+def read_log(path: Path, mapping: ColumnMapping, source: str | None = None,
+             item_prefix: str = "") -> tuple[list[Event], list[Rejected], int]:
+    """Events sorted by event time (stable), the rejected rows, and the number of rows read.
+    `source` names the file in default event ids (its name); `item_prefix` is put before item ids."""
     if not path.is_file():
         raise FileNotFoundError(f"log file {path} does not exist")
+    source = source or path.name
     events: list[Event] = []
     rejected: list[Rejected] = []
     n_rows = 0
     for line, row, raw in _rows(path):
         n_rows += 1
         if "__error__" in row:
-            rejected.append(Rejected(line, str(row["__error__"]), raw))
+            rejected.append(Rejected(line, str(row["__error__"]), raw, source))
             continue
         try:
-            events.extend(parse_row(row, mapping, line, path.name))
+            events.extend(parse_row(row, mapping, line, source))
         except (ValueError, KeyError, OverflowError) as exc:
-            rejected.append(Rejected(line, str(exc) or type(exc).__name__, raw))
+            rejected.append(Rejected(line, str(exc) or type(exc).__name__, raw, source))
+    if item_prefix:
+        for e in events:
+            e["item_id"] = item_prefix + e["item_id"]
     events.sort(key=lambda e: e["event_time"])
     return events, rejected, n_rows
+
+
+def read_logs(paths: Sequence[Path], mapping: ColumnMapping,
+              items_by_file: bool = False) -> tuple[list[Event], list[Rejected], int]:
+    """Several logs merged into one event-time order (replaying them one after another would make
+    the second file's events late). Each file is named by the shortest tail of its path that tells
+    it apart from the others, so default event ids stay unique. `items_by_file` puts the file's stem
+    before its item ids, for logs whose item ids are only unique within a file (an Open Bandit
+    campaign per file: `men.csv`, `women.csv`, `all.csv`).
+
+    >>> sources([Path("random/all/all.csv"), Path("bts/all/all.csv"), Path("random/men/men.csv")])
+    ['random/all/all.csv', 'bts/all/all.csv', 'men.csv']
+    """
+    events: list[Event] = []
+    rejected: list[Rejected] = []
+    n_rows = 0
+    for path, source in zip(paths, sources(paths), strict=True):
+        got, bad, n = read_log(path, mapping, source, f"{path.stem}:" if items_by_file else "")
+        events += got
+        rejected += bad
+        n_rows += n
+    events.sort(key=lambda e: e["event_time"])
+    return events, rejected, n_rows
+
+
+def sources(paths: Sequence[Path]) -> list[str]:
+    labels = []
+    for path in paths:
+        parts = path.parts
+        depth = 1
+        while depth < len(parts) and sum(other.parts[-depth:] == parts[-depth:] for other in paths) > 1:
+            depth += 1
+        labels.append("/".join(parts[-depth:]))
+    return labels
