@@ -29,7 +29,7 @@ from gpu_trainer.learner import Learner
 from gpu_trainer.metrics import auc, logloss
 from gpu_trainer.models import build_model
 from rtrec.settings import Settings, TrainerSettings
-from rtrec.sources.produce import produce_replay
+from rtrec.sources.produce import produce_replay, produce_synthetic
 from rtrec.sources.replay import ColumnMapping
 from schemas.kafka_io import ensure_topics, read_topic
 
@@ -53,6 +53,33 @@ class StrategyResult:
 def pipeline_samples(settings: Settings, paths: Sequence[Path], mapping: ColumnMapping, say: Callable[[str], None],
                      items_by_file: bool = False) -> list[dict]:
     """Replays the logs into fresh topics, runs the feature job bounded over them, returns the samples."""
+
+    def replay(s: Settings) -> None:
+        summary = produce_replay(s, paths, mapping, progress=True, report=say, items_by_file=items_by_file)
+        say(f"[evaluate] replayed {summary.produced} events ({summary.rejected} rows rejected)")
+
+    return _through_pipeline(settings, replay, say)
+
+
+def synthetic_samples(settings: Settings, n_events: int, hours: float, say: Callable[[str], None]) -> list[dict]:
+    """The same, for `n_events` of the synthetic generator spread over `hours` of event time (its
+    users' tastes drift with event time, so this is where frozen and real-time models part)."""
+
+    def generate(s: Settings) -> None:
+        per_second = n_events / (hours * 3600) / 1.25  # the generator adds about 0.25 engagements per impression
+        s = s.model_copy(update={"synthetic": s.synthetic.model_copy(update={"events_per_second_event_time":
+                                                                            per_second})})
+        summary = produce_synthetic(s, n_events, start_ms=SYNTHETIC_START_MS, progress=True)
+        say(f"[evaluate] generated {summary.produced} synthetic events")
+
+    return _through_pipeline(settings, generate, say)
+
+
+SYNTHETIC_START_MS = 1_700_000_000_000  # fixed, so a run is repeatable
+
+
+def _through_pipeline(settings: Settings, produce: Callable[[Settings], None],
+                      say: Callable[[str], None]) -> list[dict]:
     from flink_jobs.runner import start_job
 
     run = uuid.uuid4().hex[:8]
@@ -62,13 +89,15 @@ def pipeline_samples(settings: Settings, paths: Sequence[Path], mapping: ColumnM
         "flink": settings.flink.model_copy(update={"group_id": f"rtrec-eval-{run}",
                                                    "checkpoint_dir": settings.flink.checkpoint_dir / f"eval-{run}"})})
     ensure_topics(s.kafka.bootstrap_servers, list(topics.model_dump().values()), s.kafka.partitions)
-    summary = produce_replay(s, paths, mapping, progress=True, report=say, items_by_file=items_by_file)
-    say(f"[evaluate] replayed {summary.produced} events ({summary.rejected} rows rejected); running the feature job")
+    produce(s)
+    say("[evaluate] running the feature job over them")
     start_job(s, resume=False, startup={"scan.startup.mode": "earliest-offset", "scan.bounded.mode": "latest-offset"},
               job_id=f"eval-{run}").wait()
     samples = read_topic(s.kafka.bootstrap_servers, topics.samples, "TrainingSample", timeout_s=120).records
     samples.sort(key=lambda r: (r["event_time"], r["sample_id"]))
-    say(f"[evaluate] {len(samples)} samples, {np.mean([r['label'] for r in samples]):.3%} positive")
+    dead = read_topic(s.kafka.bootstrap_servers, topics.dead_letter, "DeadLetter", timeout_s=60).records
+    say(f"[evaluate] {len(samples)} samples, {np.mean([r['label'] for r in samples]):.3%} positive; "
+        f"{len(dead)} dead letters in {topics.dead_letter}")
     return samples
 
 

@@ -12,8 +12,12 @@ from rtrec.sources.replay import ColumnMapping
 
 
 @click.command("evaluate")
-@click.option("--data", "paths", type=click.Path(path_type=Path, exists=True, dir_okay=False), required=True,
+@click.option("--data", "paths", type=click.Path(path_type=Path, exists=True, dir_okay=False),
               multiple=True, help="A log file; repeat to merge several in event-time order.")
+@click.option("--synthetic-events", type=int, default=None,
+              help="Instead of --data: this many events of the synthetic generator (drifting tastes).")
+@click.option("--synthetic-hours", type=float, default=6.0, show_default=True,
+              help="The event time the synthetic events span.")
 @click.option("--items-by-file", is_flag=True, help="Prefix item ids with their file's stem (ids unique per file).")
 @click.option("--user-col", default="user_id", show_default=True)
 @click.option("--item-col", default="item_id", show_default=True)
@@ -29,19 +33,28 @@ from rtrec.sources.replay import ColumnMapping
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=Path("eval-out"),
               show_default=True)
 @click.pass_obj
-def evaluate_command(settings: Settings, paths: tuple[Path, ...], items_by_file: bool, user_col: str, item_col: str,
+def evaluate_command(settings: Settings, paths: tuple[Path, ...], synthetic_events: int | None,
+                     synthetic_hours: float, items_by_file: bool, user_col: str, item_col: str,
                      time_col: str, type_col: str, type_map: str, click_col: str | None, position_col: str | None,
                      train_fraction: float, period_hours: float, ewc_lambdas: tuple[float, ...],
                      out_dir: Path) -> None:
     """Replay logs through the pipeline and compare frozen, periodic and real-time training."""
-    from rtrec.evaluation import compare, pipeline_samples, write_report
+    from rtrec.evaluation import compare, pipeline_samples, synthetic_samples, write_report
     from rtrec.services import manager
+
+    if bool(paths) == (synthetic_events is not None):
+        raise click.UsageError("give either --data (once or more) or --synthetic-events")
 
     manager.up(settings.services)
     mapping = ColumnMapping(user=user_col, item=item_col, time=time_col, type=type_col, type_map=_type_map(type_map),
                             click=click_col, position=position_col)
-    samples = pipeline_samples(settings, paths, mapping, say=lambda m: click.echo(m, err=True),
-                               items_by_file=items_by_file)
+    def say(message: str) -> None:
+        click.echo(message, err=True)
+
+    if synthetic_events is not None:
+        samples = synthetic_samples(settings, synthetic_events, synthetic_hours, say)
+    else:
+        samples = pipeline_samples(settings, paths, mapping, say, items_by_file=items_by_file)
     if len(samples) < 100:
         raise click.ClickException(f"only {len(samples)} samples: too few to compare strategies")
     cfg = settings.trainer.model_copy(update={"user_buckets": 1 << 16, "item_buckets": 1 << 14})

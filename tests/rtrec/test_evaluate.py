@@ -24,6 +24,7 @@ def test_two_campaigns_through_the_pipeline_and_every_strategy(settings: Setting
     samples = pipeline_samples(settings, [OBD / "men.csv", OBD / "women.csv"], MAPPING, said.append,
                                items_by_file=True)
     assert any("replayed 2007 events (0 rows rejected)" in line for line in said), said  # 2000 rows, 7 clicks
+    assert any("0 dead letters" in line for line in said), said
     assert len(samples) == 2000 and sum(s["label"] for s in samples) == 7  # one sample per impression
     assert {s["item_id"].split(":")[0] for s in samples} == {"men", "women"}  # item 0 of each is a different item
     times = [s["event_time"] for s in samples]
@@ -44,3 +45,13 @@ def test_two_campaigns_through_the_pipeline_and_every_strategy(settings: Setting
     rows = table.splitlines()[2:]
     assert len(rows) == len(results) and plot.is_file() and (tmp_path / "evaluation.md").read_text().strip() == table
     assert all(row.count("|") == 8 for row in rows)
+
+
+def test_evaluate_needs_exactly_one_source() -> None:
+    from click.testing import CliRunner
+
+    from rtrec.cli.main import cli
+
+    for args in ([], ["--data", str(OBD / "men.csv"), "--synthetic-events", "10"]):
+        result = CliRunner().invoke(cli, ["evaluate", *args])
+        assert result.exit_code == 2 and "either --data (once or more) or --synthetic-events" in result.output
