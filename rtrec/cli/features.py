@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 import threading
 
 import click
@@ -161,45 +160,9 @@ def submit(settings: Settings, no_samples: bool) -> None:
 @click.option("--from", "from_", default=None, help="Start: time (ISO-8601 with zone / epoch ms) or offsets 0:12,1:9.")
 @click.option("--to", default=None, help="End (exclusive), same forms; default: the latest offsets now.")
 @click.option("--no-samples", is_flag=True, help="Features only, no training samples.")
-@click.pass_obj
-def backfill(settings: Settings, from_: str | None, to: str | None, no_samples: bool) -> None:
-    """Run the job bounded over a historical range; features reach Redis without clobbering newer values."""
-    import time as _time
+@click.pass_context
+def backfill(ctx: click.Context, from_: str | None, to: str | None, no_samples: bool) -> None:
+    """`rtrec backfill` without the trainer (kept as the feature job's own entry)."""
+    from rtrec.cli.backfill import backfill_command
 
-    from tqdm import tqdm
-
-    from feature_store.loader import run_loader
-    from flink_jobs.backfill import startup_options
-    from flink_jobs.runner import start_job
-
-    try:
-        startup = startup_options(from_, to)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
-    run_id = f"backfill-{int(_time.time())}"
-    s = settings.model_copy(update={"flink": settings.flink.model_copy(update={
-        "group_id": f"rtrec-{run_id}", "checkpoint_dir": settings.flink.checkpoint_dir / run_id})})
-    result = start_job(s, resume=False, startup=startup, job_id=run_id, with_samples=not no_samples)
-    click.echo(f"backfill job {result.get_job_client().get_job_id()} over {startup}")
-    outcome: list[BaseException | None] = []
-
-    def wait() -> None:
-        try:
-            result.wait()
-            outcome.append(None)
-        except BaseException as exc:  # surfaced below with the log location
-            outcome.append(exc)
-
-    waiter = threading.Thread(target=wait, daemon=True)
-    waiter.start()
-    with tqdm(desc="backfill running", unit="s", file=sys.stderr) as bar:
-        while waiter.is_alive():
-            waiter.join(1.0)
-            bar.update(1)
-    if outcome and outcome[0] is not None:
-        raise click.ClickException(f"backfill job failed: {outcome[0]}; see {s.flink.log_dir}")
-    k = s.kafka
-    stats = run_loader(k.bootstrap_servers, k.topics.features, k.topics.dead_letter, s.flink.loader_group_id,
-                       _store(s), s.flink.loader_batch, idle_exit_s=3.0, partitions=k.partitions)
-    click.echo(f"backfill finished: {stats.records} feature records loaded, {stats.slots_written} Redis slots "
-               "updated (older windows never overwrite newer ones)")
+    ctx.invoke(backfill_command, from_=from_, to=to, no_samples=no_samples, train=False)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from rtrec.cli.backfill import backfill_command
 from rtrec.cli.demo import demo_command
 from rtrec.cli.evaluate import evaluate_command
 from rtrec.cli.features import features_group
@@ -34,3 +35,4 @@ cli.add_command(train_group)
 cli.add_command(model_group)
 cli.add_command(features_group)
 cli.add_command(evaluate_command)
+cli.add_command(backfill_command)

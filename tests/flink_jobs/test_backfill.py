@@ -1,18 +1,35 @@
 """Backfill: the job bounded over a time range of the topic, stopping by itself, without clobbering
-newer values in Redis."""
+newer values in Redis; with --train, a model learnt from the range's samples in a store of its own,
+the live model pointer and live topics untouched."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
+import redis
 from click.testing import CliRunner
 
+from feature_store.keys import model_pointer_key
 from feature_store.redis_store import RedisFeatureStore
+from gpu_trainer.snapshots import SnapshotStore
 from rtrec.cli.main import cli
 from rtrec.settings import Settings
 from schemas.kafka_io import read_topic
 from tests.flink_jobs.harness import T, create_topics, event, job_settings, produce
 
 pytestmark = pytest.mark.integration
+
+
+def _env(s: Settings, short_horizons: bool = True) -> dict[str, str]:
+    # samples need the feature set's horizons (60 s, 600 s); features alone run faster with one of 6 s
+    horizons = {"RTREC_FLINK__HORIZONS_S": "[6]", "RTREC_FLINK__HORIZON_SLIDES_S": "[3]"} if short_horizons else {}
+    return {"RTREC_KAFKA__BOOTSTRAP_SERVERS": s.kafka.bootstrap_servers, "RTREC_REDIS__URL": s.redis.url,
+            "RTREC_REDIS__KEY_PREFIX": s.redis.key_prefix, **horizons, "RTREC_FLINK__CHECKPOINT_INTERVAL_MS": "1000",
+            "RTREC_FLINK__ATTRIBUTION_WINDOW_S": "5", "RTREC_TRAINER__SNAPSHOT_DIR": str(s.trainer.snapshot_dir),
+            "RTREC_TRAINER__BATCH_SIZE": "64", "RTREC_TRAINER__BATCH_TIMEOUT_MS": "200",
+            "RTREC_TRAINER__USER_BUCKETS": "1024", "RTREC_TRAINER__ITEM_BUCKETS": "1024",
+            **{f"RTREC_KAFKA__TOPICS__{k.upper()}": v for k, v in s.kafka.topics.model_dump().items()}}
 
 
 def test_backfill_time_range(settings: Settings) -> None:
@@ -27,22 +44,51 @@ def test_backfill_time_range(settings: Settings) -> None:
              "ctr": 0.0, "dwell_sum_ms": 0, "dwell_mean_ms": 0.0, "distinct_counterparts": 1}
     store.write_batch([newer])
 
-    env = {"RTREC_KAFKA__BOOTSTRAP_SERVERS": s.kafka.bootstrap_servers, "RTREC_REDIS__URL": s.redis.url,
-           "RTREC_REDIS__KEY_PREFIX": s.redis.key_prefix, "RTREC_FLINK__HORIZONS_S": "[6]",
-           "RTREC_FLINK__HORIZON_SLIDES_S": "[3]", "RTREC_FLINK__CHECKPOINT_INTERVAL_MS": "1000",
-           "RTREC_FLINK__LOADER_GROUP_ID": f"loader-{s.redis.key_prefix}",
-           **{f"RTREC_KAFKA__TOPICS__{k.upper()}": v for k, v in s.kafka.topics.model_dump().items()}}
     result = CliRunner().invoke(cli, ["features", "backfill", "--from", str(T), "--to", str(T + 60_000),
-                                      "--no-samples"], env=env)
+                                      "--no-samples"], env=_env(s))
     assert result.exit_code == 0, result.output
-    assert "backfill finished" in result.output
+    topic = re.search(r"features topic (\S+?)[;,\s]", result.output + " ")
+    assert topic and topic.group(1).startswith(s.kafka.topics.features + ".backfill-"), result.output
 
-    features = read_topic(s.kafka.bootstrap_servers, s.kafka.topics.features, "FeatureRecord").records
+    features = read_topic(s.kafka.bootstrap_servers, topic.group(1), "FeatureRecord").records
     assert features and all(r["window_start"] < T + 60_000 for r in features)
     assert not any(r["entity_id"] == "u5" for r in features)  # after the range
     u1 = [r for r in features if (r["entity_id"], r["horizon_s"], r["window_start"]) == ("u1", 3, T)]
     assert len(u1) == 1 and u1[0]["impressions"] == 3  # a1, a3, a5 in [T, T+3s)
+    assert not read_topic(s.kafka.bootstrap_servers, s.kafka.topics.features, "FeatureRecord").records  # live topic
     got = store.get_online_features("user", ["u0", "u1"], ["3s.impressions"])
     # u0: the newer live value is kept; u1: a7, a9, a11 in [T+3s, T+6s)
     assert got.values.tolist() == [[42.0], [3.0]]
     assert got.window_end_ms.tolist() == [[T + 10**9 + 3000], [T + 6000]]
+
+
+def test_backfill_with_training_leaves_the_live_model_alone(settings: Settings, tmp_path: object) -> None:
+    s = job_settings(settings, horizons_s=(60, 600), horizon_slides_s=(3, 30))
+    s = s.model_copy(update={"trainer": s.trainer.model_copy(update={"snapshot_dir": tmp_path / "snapshots"})})
+    create_topics(s, partitions=2)
+    events = []
+    for k in range(300):  # impressions every 200 ms; users u0-u4 click item i0 a second later
+        user, item = f"u{k % 5}", f"i{k % 3}"
+        events.append(event(f"m{k}", "impression", user, item, 200 * k))
+        if item == "i0":
+            events.append(event(f"c{k}", "click", user, item, 200 * k + 1000))
+    produce(s, sorted(events, key=lambda e: e["event_time"]))
+    live = redis.Redis.from_url(s.redis.url)
+    live.set(model_pointer_key(s.redis.key_prefix), 7)  # a live model the backfill must not replace
+
+    result = CliRunner().invoke(cli, ["backfill", "--from", str(T), "--to", str(T + 120_000), "--train"],
+                                env=_env(s, short_horizons=False))
+    assert result.exit_code == 0, result.output
+    trained = re.search(r"trained (\d+) samples into (\S+)", result.output)
+    assert trained, result.output
+    samples = re.search(r"samples topic (\S+?)[;,\s]", result.output + " ")
+    assert samples and samples.group(1).startswith(s.kafka.topics.samples + ".backfill-")
+    n_samples = len(read_topic(s.kafka.bootstrap_servers, samples.group(1), "TrainingSample").records)
+    assert n_samples == 300 and int(trained.group(1)) == n_samples  # one per impression, all trained
+    assert not read_topic(s.kafka.bootstrap_servers, s.kafka.topics.samples, "TrainingSample").records
+
+    store = SnapshotStore(tmp_path / trained.group(2).rsplit("/", 1)[1])
+    assert store.versions(), "the backfill wrote no snapshot"
+    assert store.manifest(store.versions()[-1]).samples_seen == n_samples
+    assert not (tmp_path / "snapshots").exists() or not SnapshotStore(tmp_path / "snapshots").versions()
+    assert int(live.get(model_pointer_key(s.redis.key_prefix))) == 7
