@@ -26,6 +26,7 @@ from tqdm import tqdm
 from feature_store.loader import LoaderStats, run_loader
 from feature_store.redis_store import RedisFeatureStore
 from rtrec.settings import Settings
+from schemas.kafka_io import ensure_topics
 
 
 @dataclass
@@ -58,6 +59,35 @@ def backfill_settings(settings: Settings, run_id: str) -> Settings:
     })
 
 
+def range_offsets(bootstrap: str, topic: str, startup: dict[str, str]) -> dict[int, tuple[int, int]]:
+    """Per partition, the [start, end) offsets the connector options select (Kafka resolves a time to
+    the first offset whose record timestamp is at or after it)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "rtrec-backfill-range",
+                         "enable.auto.commit": False})
+    try:
+        partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+        bounds = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30) for p in partitions}
+
+        def resolve(kind: str, default: int) -> dict[int, int]:
+            mode = startup[f"scan.{kind}.mode"]
+            if mode == "timestamp":
+                ts = int(startup[f"scan.{kind}.timestamp-millis"])
+                found = consumer.offsets_for_times([TopicPartition(topic, p, ts) for p in partitions], timeout=30)
+                return {tp.partition: bounds[tp.partition][1] if tp.offset < 0 else tp.offset for tp in found}
+            if mode == "specific-offsets":
+                given = dict(pair.replace("partition:", "").split(",offset:")
+                             for pair in startup[f"scan.{kind}.specific-offsets"].split(";"))
+                return {p: int(given[str(p)]) if str(p) in given else bounds[p][default] for p in partitions}
+            return {p: bounds[p][default] for p in partitions}  # earliest-offset / latest-offset
+
+        start, end = resolve("startup", 0), resolve("bounded", 1)
+        return {p: (start[p], max(start[p], end[p])) for p in partitions}
+    finally:
+        consumer.close()
+
+
 def run_backfill(settings: Settings, startup: dict[str, str], with_samples: bool = True, train: bool = False,
                  say: Callable[[str], None] = print, run_id: str | None = None) -> BackfillResult:
     from flink_jobs.runner import start_job  # the JVM gateway starts here, not at import
@@ -67,6 +97,16 @@ def run_backfill(settings: Settings, startup: dict[str, str], with_samples: bool
     run_id = run_id or f"backfill-{time.strftime('%Y%m%d-%H%M%S')}"
     s = backfill_settings(settings, run_id)
     k = s.kafka
+    offsets = range_offsets(k.bootstrap_servers, k.topics.events, startup)
+    n_events = sum(end - start for start, end in offsets.values())
+    if n_events == 0:
+        raise BackfillError(
+            f"the range selects no records of {k.topics.events} (offsets {offsets}). A time is resolved by "
+            "Kafka record timestamp, which only works where timestamps grow with offsets: after older data "
+            "was replayed behind newer, give offsets (--from 0:120,1:98) or replay history into a topic of "
+            "its own (RTREC_KAFKA__TOPICS__EVENTS)")
+    say(f"[backfill] {n_events} records of {k.topics.events} in range (offsets {offsets})")
+    ensure_topics(k.bootstrap_servers, [k.topics.features, k.topics.samples, k.topics.dead_letter], k.partitions)
     job = start_job(s, resume=False, startup=startup, job_id=run_id, with_samples=with_samples)
     say(f"[backfill] job {job.get_job_client().get_job_id()} over {startup}; features -> {k.topics.features}"
         + (f", samples -> {k.topics.samples}" if with_samples else ""))

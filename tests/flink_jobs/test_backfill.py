@@ -92,3 +92,11 @@ def test_backfill_with_training_leaves_the_live_model_alone(settings: Settings, 
     assert store.manifest(store.versions()[-1]).samples_seen == n_samples
     assert not (tmp_path / "snapshots").exists() or not SnapshotStore(tmp_path / "snapshots").versions()
     assert int(live.get(model_pointer_key(s.redis.key_prefix))) == 7
+
+
+def test_an_empty_range_is_a_clear_error(settings: Settings) -> None:
+    s = job_settings(settings)
+    create_topics(s, partitions=2)
+    produce(s, [event("late", "impression", "u1", "i1", 1000)])
+    result = CliRunner().invoke(cli, ["backfill", "--from", str(T + 10**6)], env=_env(s))
+    assert result.exit_code == 1 and "the range selects no records of" in result.output, result.output
