@@ -124,35 +124,36 @@ class RedisFeatureStore:
     def get_online_features(self, entity_type: str, ids: Sequence[str], names: Sequence[str]) -> OnlineFeatures:
         plan = _read_plan(tuple(names))
         prefix = entity_key_prefix(self.prefix, entity_type)
-        keys = [(prefix + entity_id).encode() for entity_id in ids]
-        flat: list[bytes] = []
-        for start in range(0, len(keys), ENTITIES_PER_SEND):
-            flat += self._hmget_each(keys[start:start + ENTITIES_PER_SEND], plan)
-        joined = b"".join(flat)
+        flat: list[bytes | None] = []
+        for start in range(0, len(ids), ENTITIES_PER_SEND):
+            flat += self._hmget_each(prefix.encode(), ids[start:start + ENTITIES_PER_SEND], plan)
+        try:
+            joined = b"".join(flat)  # type: ignore[arg-type]
+        except TypeError:  # a missing value (None): rarer than not, so only then looked for
+            joined = b"".join([PACKED_NAN if v is None else v for v in flat])
         if len(joined) != len(flat) * VALUE_BYTES:
             raise ValueError(f"values under {prefix}* are not 8-byte float64s: written by another version of "
                              "the store? Use a new redis.key_prefix or let the old keys expire (redis.ttl_s)")
-        matrix = np.frombuffer(joined, dtype="<f8").reshape(len(keys), plan.width)
+        matrix = np.frombuffer(joined, dtype="<f8").reshape(len(ids), plan.width)
         ends = matrix[:, plan.end_columns]  # fancy indexing: a copy, writable
         ends[np.isnan(ends)] = UNKNOWN_WINDOW_END
         return OnlineFeatures(list(names), matrix[:, :len(names)], ends.astype(np.int64))
 
-    def _hmget_each(self, keys: Sequence[bytes], plan: _ReadPlan) -> list[bytes]:
-        """`HMGET key *fields` for every key in one round trip; missing values come back as NaN."""
-        payload = b"".join([plan.head + b"$%d\r\n%s\r\n" % (len(k), k) + plan.tail for k in keys])
+    def _hmget_each(self, prefix: bytes, ids: Sequence[str], plan: _ReadPlan) -> list[bytes | None]:
+        """`HMGET prefix+id *fields` for every id in one round trip; None where a value is missing."""
+        # one %-format per key: concatenating the parts copied the long field list several times
+        payload = b"".join([b"%s$%d\r\n%s%s\r\n%s" % (plan.head, len(prefix) + len(e), prefix, e, plan.tail)
+                            for e in (entity_id.encode() for entity_id in ids)])
         pool = self.client.connection_pool
         connection = pool.get_connection()
         try:
             connection.send_packed_command([payload])
-            flat = _read_replies(connection, len(keys))
+            return _read_replies(connection, len(ids))
         except BaseException:
             connection.disconnect()  # unread replies must not answer the next caller's command
             raise
         finally:
             pool.release(connection)
-        if None in flat:
-            return [PACKED_NAN if v is None else v for v in flat]
-        return flat  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
