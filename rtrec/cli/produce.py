@@ -21,12 +21,21 @@ def produce_group() -> None:
 @click.option("--rate", type=float, default=None, help="Target events/s (default: as fast as possible).")
 @click.option("--seed", type=int, default=None, help="Overrides synthetic.seed.")
 @click.option("--start-ms", type=int, default=None, help="Event time of the first event (default: now).")
+@click.option("--live", is_flag=True, help="Send each event when its event time comes (event time = wall clock); "
+                                            "--rate then sets impressions per second, clicks come on top.")
 @click.pass_obj
-def synthetic(settings: Settings, events: int, rate: float | None, seed: int | None, start_ms: int | None) -> None:
-    """Seeded synthetic events: Zipf items, drifting user tastes, delayed clicks and likes."""
-    if seed is not None:
-        settings = settings.model_copy(update={"synthetic": settings.synthetic.model_copy(update={"seed": seed})})
-    summary = produce_synthetic(settings, events or None, rate, start_ms)
+def synthetic(settings: Settings, events: int, rate: float | None, seed: int | None, start_ms: int | None,
+              live: bool) -> None:
+    """Seeded synthetic events: Zipf items, drifting user tastes, delayed clicks and likes. For a
+    running pipeline use --live: paced by --rate alone, event time drifts away from the wall clock
+    (and, far enough ahead, events are dead-lettered as being from the future)."""
+    if live and start_ms is not None:
+        raise click.UsageError("--live sends events at their event time: it starts now, not at --start-ms")
+    update: dict[str, float] = {} if seed is None else {"seed": seed}
+    if live and rate:
+        update["events_per_second_event_time"] = rate
+    settings = settings.model_copy(update={"synthetic": settings.synthetic.model_copy(update=update)})
+    summary = produce_synthetic(settings, events or None, rate, start_ms, live=live)
     click.echo(f"produced {summary.produced} events to {settings.kafka.topics.events} "
                f"in {summary.seconds:.1f}s ({summary.rate:,.0f} ev/s)")
 

@@ -36,3 +36,17 @@ def test_replay_reports_rejects(settings: Settings) -> None:
     assert result.exit_code == 0, result.output
     assert "read 10 rows, produced 4 events, rejected 6 rows" in result.output
     assert "malformed_events.csv:6: rejected: unknown event type 'teleport'" in result.output
+
+
+def test_live_synthetic_events_carry_the_wall_clock(settings: Settings) -> None:
+    import time
+
+    began = int(time.time() * 1000)
+    result = CliRunner().invoke(cli, ["produce", "synthetic", "-n", "400", "--live", "--rate", "400"],
+                                env=_env(settings))
+    ended = int(time.time() * 1000)
+    assert result.exit_code == 0, result.output
+    assert 0.7 < (ended - began) / 1000 < 5  # 400 events at 400 impressions/s plus clicks: about a second
+    records = CliRunner().invoke(cli, ["consume", "events", "-n", "400"], env=_env(settings)).stdout.splitlines()
+    times = [json.loads(line)["event_time"] for line in records if line.startswith("{")]
+    assert len(times) == 400 and began <= min(times) and max(times) <= ended + 100
