@@ -6,7 +6,8 @@
 - loader: windowed rows/s from the features topic into Redis;
 - freshness: window close (window end + watermark delay) -> readable in Redis, p50/p99, live;
 - reads: entities/s through get_online_features (batches of 100 and 1000) against redis-benchmark's
-  pipelined HMGET rate for the same command shape.
+  pipelined HMGET rate for the same command shape;
+- stages (only with `--only stages`): events/s through ever more of the job, to show where time goes.
 
 Run: `.venv/bin/python -m benchmarks.bench_features [--events 300000]`. Writes
 `benchmarks/out/feature_freshness_<case>.png`.
@@ -56,10 +57,23 @@ def isolated(settings: Settings, **flink: object) -> Settings:
                                                    **flink})})
 
 
-def bounded_seconds(s: Settings, blackhole: bool, startup: dict[str, str]) -> float:
+def bounded_seconds(s: Settings, blackhole: bool, startup: dict[str, str], decode_only: bool = False) -> float:
     t_env = table_environment(s)
     began = time.perf_counter()
-    if blackhole:
+    if decode_only:
+        k, f = s.kafka, s.flink
+        t_env.create_java_temporary_system_function("RTREC_DECODE_EVENT", "dev.rtrec.flink.DecodeInteractionEvent")
+        t_env.create_java_temporary_system_function("RTREC_EVENT_TIME", "dev.rtrec.flink.EventTimeOf")
+        args = decode_args(s)
+        t_env.execute_sql(events_source_ddl("events_raw", k.topics.events, k.bootstrap_servers, f.group_id + "d",
+                                            f.watermark_delay_ms, "RTREC_EVENT_TIME", args, startup))
+        t_env.create_temporary_view("decoded", t_env.sql_query(decoded_view_sql("events_raw", "RTREC_DECODE_EVENT",
+                                                                                args)))
+        t_env.create_temporary_view("events", t_env.sql_query(good_events_sql("decoded", f.window_s)))
+        t_env.execute_sql("CREATE TEMPORARY TABLE decoded_hole (user_id STRING, item_id STRING, event_type STRING) "
+                          "WITH ('connector' = 'blackhole')")
+        t_env.execute_sql("INSERT INTO decoded_hole SELECT user_id, item_id, event_type FROM events").wait()
+    elif blackhole:
         k, f = s.kafka, s.flink
         t_env.create_java_temporary_system_function("RTREC_DECODE_EVENT", "dev.rtrec.flink.DecodeInteractionEvent")
         t_env.create_java_temporary_system_function("RTREC_EVENT_TIME", "dev.rtrec.flink.EventTimeOf")
@@ -98,6 +112,30 @@ def pipeline(settings: Settings, n_events: int) -> None:
     emit("features", "pipeline_all_sinks", n_events / full, "events/s", n_events, startup_s=round(overhead, 2))
     emit("features", "pipeline_blackhole", n_events / hole, "events/s", n_events, startup_s=round(hole_overhead, 2))
     emit("features", "pipeline_ratio_all_sinks_vs_blackhole", hole / full, "ratio", n_events)
+
+
+def stages(settings: Settings, n_events: int) -> None:
+    """Where the pipeline's time goes: the same events through ever more of the job, into a blackhole
+    (the last line: every real sink). Each figure is bounded, start-up subtracted as in pipeline()."""
+    s = isolated(settings)
+    k = s.kafka
+    ensure_topics(k.bootstrap_servers, list(k.topics.model_dump().values()), k.partitions)
+    produce_synthetic(s, n_events, start_ms=int(time.time() * 1000) - 3_600_000, progress=True)
+    everything = {"scan.startup.mode": "earliest-offset", "scan.bounded.mode": "latest-offset"}
+    nothing = {"scan.startup.mode": "latest-offset", "scan.bounded.mode": "latest-offset"}
+    f = s.flink
+    cases = [("decode", s, True, True), ("windows_3s", _horizons(s, (), ()), True, False),
+             ("windows_3s_and_60s", _horizons(s, f.horizons_s[:1], f.horizon_slides_s[:1]), True, False),
+             ("windows_all", s, True, False), ("windows_all_real_sinks", s, False, False)]
+    for name, case, blackhole, decode_only in cases:
+        took = (bounded_seconds(case, blackhole, everything, decode_only)
+                - bounded_seconds(case, blackhole, nothing, decode_only))
+        emit("features", f"stage_{name}", n_events / took, "events/s", n_events)
+
+
+def _horizons(s: Settings, horizons: tuple[int, ...], slides: tuple[int, ...]) -> Settings:
+    return s.model_copy(update={"flink": s.flink.model_copy(update={"horizons_s": horizons,
+                                                                    "horizon_slides_s": slides})})
 
 
 def feature_record(k: int, t: int) -> dict:
@@ -269,6 +307,8 @@ def main() -> None:
                 freshness(settings, args.fresh_seconds, args.fresh_rate, checkpoint_ms, isolation)
         if "pipeline" in only:
             pipeline(settings, args.events)
+        if "stages" in only:  # not in the default list: it is a profile, not a target
+            stages(settings, args.events)
 
 
 if __name__ == "__main__":
