@@ -61,28 +61,13 @@ def bounded_seconds(s: Settings, blackhole: bool, startup: dict[str, str], decod
     t_env = table_environment(s)
     began = time.perf_counter()
     if decode_only:
-        k, f = s.kafka, s.flink
-        t_env.create_java_temporary_system_function("RTREC_DECODE_EVENT", "dev.rtrec.flink.DecodeInteractionEvent")
-        t_env.create_java_temporary_system_function("RTREC_EVENT_TIME", "dev.rtrec.flink.EventTimeOf")
-        args = decode_args(s)
-        t_env.execute_sql(events_source_ddl("events_raw", k.topics.events, k.bootstrap_servers, f.group_id + "d",
-                                            f.watermark_delay_ms, "RTREC_EVENT_TIME", args, startup))
-        t_env.create_temporary_view("decoded", t_env.sql_query(decoded_view_sql("events_raw", "RTREC_DECODE_EVENT",
-                                                                                args)))
-        t_env.create_temporary_view("events", t_env.sql_query(good_events_sql("decoded", f.window_s)))
+        _good_events_view(t_env, s, startup)
         t_env.execute_sql("CREATE TEMPORARY TABLE decoded_hole (user_id STRING, item_id STRING, event_type STRING) "
                           "WITH ('connector' = 'blackhole')")
         t_env.execute_sql("INSERT INTO decoded_hole SELECT user_id, item_id, event_type FROM events").wait()
     elif blackhole:
-        k, f = s.kafka, s.flink
-        t_env.create_java_temporary_system_function("RTREC_DECODE_EVENT", "dev.rtrec.flink.DecodeInteractionEvent")
-        t_env.create_java_temporary_system_function("RTREC_EVENT_TIME", "dev.rtrec.flink.EventTimeOf")
-        args = decode_args(s)
-        t_env.execute_sql(events_source_ddl("events_raw", k.topics.events, k.bootstrap_servers, f.group_id + "b",
-                                            f.watermark_delay_ms, "RTREC_EVENT_TIME", args, startup))
-        t_env.create_temporary_view("decoded", t_env.sql_query(decoded_view_sql("events_raw", "RTREC_DECODE_EVENT",
-                                                                                args)))
-        t_env.create_temporary_view("events", t_env.sql_query(good_events_sql("decoded", f.window_s)))
+        f = s.flink
+        _good_events_view(t_env, s, startup)
         windows = [(f.window_s, f.window_s), *zip(f.horizons_s, f.horizon_slides_s, strict=True)]
         queries = [window_sql(e, a, b) for e in ("user", "item") for a, b in windows]
         queries.append(window_sql("user_item", f.window_s, f.window_s))
@@ -95,6 +80,18 @@ def bounded_seconds(s: Settings, blackhole: bool, startup: dict[str, str], decod
     else:
         build_job(s, t_env, startup=startup, job_id=f"bench-{uuid.uuid4().hex[:6]}").execute().wait()
     return time.perf_counter() - began
+
+
+def _good_events_view(t_env: Any, s: Settings, startup: dict[str, str]) -> None:
+    """The job's source and decoding, as the view `events`, for the blackhole variants."""
+    k, f = s.kafka, s.flink
+    t_env.create_java_temporary_system_function("RTREC_DECODE_EVENT", "dev.rtrec.flink.DecodeInteractionEvent")
+    t_env.create_java_temporary_system_function("RTREC_EVENT_TIME", "dev.rtrec.flink.EventTimeOf")
+    args = decode_args(s)
+    t_env.execute_sql(events_source_ddl("events_raw", k.topics.events, k.bootstrap_servers, f.group_id + "b",
+                                        f.watermark_delay_ms, "RTREC_EVENT_TIME", args, startup))
+    t_env.create_temporary_view("decoded", t_env.sql_query(decoded_view_sql("events_raw", "RTREC_DECODE_EVENT", args)))
+    t_env.create_temporary_view("events", t_env.sql_query(good_events_sql("decoded", f.window_s)))
 
 
 def pipeline(settings: Settings, n_events: int) -> None:
