@@ -20,13 +20,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import hiredis
 import numpy as np
 import redis
-
-try:
-    import hiredis
-except ImportError:  # redis-py's own parser then; slower, same results
-    hiredis = None
 
 from feature_store.base import UNKNOWN_WINDOW_END, OnlineFeatures
 from feature_store.keys import entity_key, entity_key_prefix, field_name, split_feature_name, window_end_field
@@ -186,7 +182,7 @@ def _read_replies(connection: redis.Connection, n: int) -> list[bytes | None]:
     """The next `n` array replies, concatenated. Parsed straight off the socket by hiredis: redis-py's
     per-reply read_response costs about as much as Redis takes to answer."""
     sock = getattr(connection, "_sock", None)
-    if sock is None or hiredis is None:
+    if sock is None:  # a redis-py without the private socket: its own parser, slower, same replies
         flat: list[bytes | None] = []
         for _ in range(n):
             flat += connection.read_response()

@@ -66,7 +66,8 @@ def synthetic_samples(settings: Settings, n_events: int, hours: float, say: Call
     users' tastes drift with event time, so this is where frozen and real-time models part)."""
 
     def generate(s: Settings) -> None:
-        per_second = n_events / (hours * 3600) / 1.25  # the generator adds about 0.25 engagements per impression
+        # the rate counts impressions; clicks and likes come on top, so aim it a little low
+        per_second = n_events / (hours * 3600) / 1.25
         s = s.model_copy(update={"synthetic": s.synthetic.model_copy(update={"events_per_second_event_time":
                                                                             per_second})})
         summary = produce_synthetic(s, n_events, start_ms=SYNTHETIC_START_MS, progress=True)
