@@ -131,7 +131,7 @@ class KafkaBroker:
         return f"started pid {pid} on {self.bootstrap}"
 
     def _format(self, jvm: list[str], props: Path) -> None:
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = random_cluster_id()
         result = subprocess.run([*jvm, "kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id,
                                  "-c", str(props)], capture_output=True, text=True)
         if result.returncode != 0:
@@ -152,3 +152,17 @@ class KafkaBroker:
         if pid is None:
             return "stopped"
         return f"running pid {pid} on {self.bootstrap}" + ("" if self.healthy() else " (not answering)")
+
+
+def random_cluster_id() -> str:
+    """A KRaft cluster id as Kafka's own Uuid.randomUuid() makes it: URL-safe base64 of 16 random
+    bytes, drawn again when it starts with '-' (the storage tool would read it as an option; about
+    one start in 64 failed that way).
+
+    >>> all(not random_cluster_id().startswith("-") and len(random_cluster_id()) == 22 for _ in range(500))
+    True
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
