@@ -32,43 +32,41 @@ import numpy as np
 
 from benchmarks.bench_trainer import services
 from benchmarks.common import emit
-from feature_store.feature_set import names_for
-from feature_store.loader import LoaderStats, run_loader
+from core.kafka import ensure_topics, producer_config
+from core.log_range import Earliest, Latest, LogRange
+from core.settings import Settings, load_settings
+from feature_store.loader import LoaderConfig, LoaderStats, run_loader
 from feature_store.redis_store import RedisFeatureStore
 from flink_jobs.ddl import columns, events_source_ddl
 from flink_jobs.environment import table_environment
-from flink_jobs.feature_job import build_job, decode_args
+from flink_jobs.feature_job import build_job, decode_args, slide_s
 from flink_jobs.feature_sql import decoded_view_sql, good_events_sql, window_sql
-from rtrec.settings import Settings, load_settings
+from flink_jobs.range_options import connector_options
 from rtrec.sources.produce import produce_synthetic
-from schemas.kafka_io import AvroProducer, ensure_topics, producer_config
+from schemas.feature_set import HORIZONS_S, names_for
+from schemas.kafka_io import AvroProducer
 
 OUT = Path(__file__).parent / "out"
 
 
 def isolated(settings: Settings, **flink: object) -> Settings:
-    suffix = uuid.uuid4().hex[:8]
-    topics = settings.kafka.topics.suffixed(f"bf{suffix}")
-    return settings.model_copy(update={
-        "kafka": settings.kafka.model_copy(update={"topics": topics}),
-        "redis": settings.redis.model_copy(update={"key_prefix": f"bf{suffix}"}),
-        "flink": settings.flink.model_copy(update={"checkpoint_dir": Path(tempfile.mkdtemp()),
-                                                   "group_id": f"bf-{suffix}", "loader_group_id": f"bfl-{suffix}",
-                                                   **flink})})
+    s = settings.namespaced(f"bf{uuid.uuid4().hex[:8]}")
+    return s.model_copy(update={"flink": s.flink.model_copy(update={"checkpoint_dir": Path(tempfile.mkdtemp()),
+                                                                    **flink})})
 
 
-def bounded_seconds(s: Settings, blackhole: bool, startup: dict[str, str], decode_only: bool = False) -> float:
+def bounded_seconds(s: Settings, blackhole: bool, log_range: LogRange, decode_only: bool = False) -> float:
     t_env = table_environment(s)
     began = time.perf_counter()
     if decode_only:
-        _good_events_view(t_env, s, startup)
+        _good_events_view(t_env, s, log_range)
         t_env.execute_sql("CREATE TEMPORARY TABLE decoded_hole (user_id STRING, item_id STRING, event_type STRING) "
                           "WITH ('connector' = 'blackhole')")
         t_env.execute_sql("INSERT INTO decoded_hole SELECT user_id, item_id, event_type FROM events").wait()
     elif blackhole:
         f = s.flink
-        _good_events_view(t_env, s, startup)
-        windows = [(f.window_s, f.window_s), *zip(f.horizons_s, f.horizon_slides_s, strict=True)]
+        _good_events_view(t_env, s, log_range)
+        windows = [(f.window_s, f.window_s), *((h, slide_s(f, h)) for h in f.horizons_s or HORIZONS_S)]
         queries = [window_sql(e, a, b) for e in ("user", "item") for a, b in windows]
         queries.append(window_sql("user_item", f.window_s, f.window_s))
         cols = ", ".join(f"`{n}` {t}" for n, t in columns("FeatureRecord"))
@@ -78,18 +76,19 @@ def bounded_seconds(s: Settings, blackhole: bool, startup: dict[str, str], decod
         statements.add_insert_sql("INSERT INTO sink_hole " + "\nUNION ALL\n".join(queries))
         statements.execute().wait()
     else:
-        build_job(s, t_env, startup=startup, job_id=f"bench-{uuid.uuid4().hex[:6]}").execute().wait()
+        build_job(s, t_env, log_range=log_range, job_id=f"bench-{uuid.uuid4().hex[:6]}").execute().wait()
     return time.perf_counter() - began
 
 
-def _good_events_view(t_env: Any, s: Settings, startup: dict[str, str]) -> None:
+def _good_events_view(t_env: Any, s: Settings, log_range: LogRange) -> None:
     """The job's source and decoding, as the view `events`, for the blackhole variants."""
     k, f = s.kafka, s.flink
     t_env.create_java_temporary_system_function("RTREC_DECODE_EVENT", "dev.rtrec.flink.DecodeInteractionEvent")
     t_env.create_java_temporary_system_function("RTREC_EVENT_TIME", "dev.rtrec.flink.EventTimeOf")
     args = decode_args(s)
     t_env.execute_sql(events_source_ddl("events_raw", k.topics.events, k.bootstrap_servers, f.group_id + "b",
-                                        f.watermark_delay_ms, "RTREC_EVENT_TIME", args, startup))
+                                        f.watermark_delay_ms, "RTREC_EVENT_TIME", args,
+                                        connector_options(log_range)))
     t_env.create_temporary_view("decoded", t_env.sql_query(decoded_view_sql("events_raw", "RTREC_DECODE_EVENT", args)))
     t_env.create_temporary_view("events", t_env.sql_query(good_events_sql("decoded", f.window_s)))
 
@@ -100,8 +99,7 @@ def pipeline(settings: Settings, n_events: int) -> None:
     ensure_topics(k.bootstrap_servers, list(k.topics.model_dump().values()), k.partitions)
     print(f"producing {n_events} synthetic events", file=sys.stderr)
     produce_synthetic(s, n_events, start_ms=int(time.time() * 1000) - 3_600_000, progress=True)
-    everything = {"scan.startup.mode": "earliest-offset", "scan.bounded.mode": "latest-offset"}
-    nothing = {"scan.startup.mode": "latest-offset", "scan.bounded.mode": "latest-offset"}
+    everything, nothing = LogRange(Earliest(), Latest()), LogRange(Latest(), Latest())
     overhead = bounded_seconds(s, False, nothing)
     full = bounded_seconds(s, False, everything) - overhead
     hole_overhead = bounded_seconds(s, True, nothing)
@@ -118,11 +116,9 @@ def stages(settings: Settings, n_events: int) -> None:
     k = s.kafka
     ensure_topics(k.bootstrap_servers, list(k.topics.model_dump().values()), k.partitions)
     produce_synthetic(s, n_events, start_ms=int(time.time() * 1000) - 3_600_000, progress=True)
-    everything = {"scan.startup.mode": "earliest-offset", "scan.bounded.mode": "latest-offset"}
-    nothing = {"scan.startup.mode": "latest-offset", "scan.bounded.mode": "latest-offset"}
-    f = s.flink
-    cases = [("decode", s, True, True), ("windows_3s", _horizons(s, (), ()), True, False),
-             ("windows_3s_and_60s", _horizons(s, f.horizons_s[:1], f.horizon_slides_s[:1]), True, False),
+    everything, nothing = LogRange(Earliest(), Latest()), LogRange(Latest(), Latest())
+    cases = [("decode", s, True, True), ("windows_3s", _horizons(s, ()), True, False),
+             ("windows_3s_and_60s", _horizons(s, HORIZONS_S[:1]), True, False),
              ("windows_all", s, True, False), ("windows_all_real_sinks", s, False, False)]
     for name, case, blackhole, decode_only in cases:
         took = (bounded_seconds(case, blackhole, everything, decode_only)
@@ -130,9 +126,8 @@ def stages(settings: Settings, n_events: int) -> None:
         emit("features", f"stage_{name}", n_events / took, "events/s", n_events)
 
 
-def _horizons(s: Settings, horizons: tuple[int, ...], slides: tuple[int, ...]) -> Settings:
-    return s.model_copy(update={"flink": s.flink.model_copy(update={"horizons_s": horizons,
-                                                                    "horizon_slides_s": slides})})
+def _horizons(s: Settings, horizons: tuple[int, ...]) -> Settings:
+    return s.model_copy(update={"flink": s.flink.model_copy(update={"horizons_s": horizons})})
 
 
 def feature_record(k: int, t: int) -> dict:
@@ -171,10 +166,10 @@ def loader_rate(settings: Settings, n_rows: int) -> None:
 
 
 def _loader_process(s: Settings, group: str, queue: Any) -> None:
-    k = s.kafka
-    stats = run_loader(k.bootstrap_servers, k.topics.features, k.topics.dead_letter, group,
-                       RedisFeatureStore(s.redis.url, s.redis.key_prefix, 3600), batch=20_000, idle_exit_s=20.0,
-                       partitions=k.partitions, on_batch=lambda st: _mark(st), poll_timeout_s=LOADER_POLL_S)
+    config = LoaderConfig.from_settings(s, group_id=group, batch=20_000, isolation_level="read_committed",
+                                        poll_timeout_s=LOADER_POLL_S)
+    stats = run_loader(config, RedisFeatureStore(s.redis.url, s.redis.key_prefix, 3600), idle_exit_s=20.0,
+                       on_batch=lambda st: _mark(st))
     queue.put((stats.records, _BATCH_AT[0], _BATCH_AT[1]))
 
 
@@ -198,9 +193,8 @@ def freshness(settings: Settings, seconds: float, rate: float, checkpoint_ms: in
     stop = threading.Event()
     results = []
     loader = threading.Thread(target=lambda: results.append(run_loader(
-        k.bootstrap_servers, k.topics.features, k.topics.dead_letter, s.flink.loader_group_id,
-        RedisFeatureStore(s.redis.url, s.redis.key_prefix, 3600), should_stop=stop.is_set,
-        partitions=k.partitions, isolation_level=isolation)))
+        LoaderConfig.from_settings(s, isolation_level=isolation),
+        RedisFeatureStore(s.redis.url, s.redis.key_prefix, 3600), should_stop=stop.is_set)))
     loader.start()
     time.sleep(5)
     produce_synthetic(s, int(rate * seconds), progress=False, live=True)  # event time = wall clock

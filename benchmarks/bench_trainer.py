@@ -21,12 +21,13 @@ import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from benchmarks.common import emit
+from core.kafka import producer_config
+from core.settings import Settings, TrainerSettings, load_settings
 from gpu_trainer.batch import Columns
 from gpu_trainer.learner import Learner
-from gpu_trainer.loop import TrainerService
+from gpu_trainer.service import TrainerService
 from gpu_trainer.snapshots import SnapshotStore
-from rtrec.settings import Settings, TrainerSettings, load_settings
-from schemas.kafka_io import AvroProducer, producer_config
+from schemas.kafka_io import AvroProducer
 from schemas.serde import deserializer, header_of
 from tests.gpu_trainer.samples import make_samples, produce_samples
 
@@ -83,19 +84,16 @@ def sample_positions(bootstrap: str, topic: str) -> list[tuple[int, int, int]]:
 
 
 def isolated(settings: Settings, **trainer: object) -> Settings:
-    suffix = uuid.uuid4().hex[:8]
-    return settings.model_copy(update={
-        "kafka": settings.kafka.model_copy(update={"topics": settings.kafka.topics.suffixed(f"bench{suffix}")}),
-        "redis": settings.redis.model_copy(update={"key_prefix": f"bench{suffix}"}),
-        "trainer": settings.trainer.model_copy(update={"snapshot_dir": Path(tempfile.mkdtemp()),
-                                                       "group_id": f"bench-{suffix}", **trainer})})
+    s = settings.namespaced(f"bench{uuid.uuid4().hex[:8]}")
+    return s.model_copy(update={"trainer": s.trainer.model_copy(update={"snapshot_dir": Path(tempfile.mkdtemp()),
+                                                                        **trainer})})
 
 
 def service_throughput(settings: Settings, n: int) -> None:
     """Samples/s of the whole service (consume, decode, validate, train, snapshot) from a backlog."""
     s = isolated(settings, batch_size=4096, snapshot_every_samples=100_000, snapshot_every_s=60.0)
     produce_samples(s, make_samples(n, seed=9))
-    service = TrainerService(s)
+    service = TrainerService.from_settings(s)
     began = time.perf_counter()
     summary = service.run(idle_exit_s=2.0)
     took = time.perf_counter() - began - 2.0
@@ -109,7 +107,7 @@ def freshness(settings: Settings, seconds: float, rate: float) -> None:
     topics = s.kafka.topics
     produce_samples(s, make_samples(1, start=10**9))  # topic exists before the trainer subscribes
     stop = threading.Event()
-    service = TrainerService(s)
+    service = TrainerService.from_settings(s)
     trainer = threading.Thread(target=lambda: service.run(should_stop=stop.is_set))
     trainer.start()
     time.sleep(3)

@@ -16,9 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks.common import emit
-from rtrec.settings import SyntheticSettings
+from core.kafka import ensure_topics, producer_config
+from core.settings import SyntheticSettings
 from rtrec.sources.synthetic import generate
-from schemas.kafka_io import AvroProducer, ensure_topics, producer_config, read_topic
+from schemas.kafka_io import AvroProducer, read_topic
 from schemas.serde import deserializer, serializer
 
 

@@ -40,8 +40,3 @@ def split_feature_name(name: str) -> tuple[int, str]:
     if not sep or not horizon.endswith("s") or not horizon[:-1].isdigit() or not feature:
         raise ValueError(f"feature name {name!r} is not '<horizon>s.<feature>', e.g. '60s.clicks'")
     return int(horizon[:-1]), feature
-
-
-def model_pointer_key(prefix: str) -> str:
-    """Where the trainer publishes the current model version."""
-    return f"{prefix}:model:current"

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
-from feature_store.redis_store import RedisFeatureStore
-from schemas.kafka_io import AvroConsumer, AvroProducer, ensure_topics, producer_config
+from core.kafka import ensure_topics, producer_config
+from core.settings import Settings
+from feature_store.base import FeatureWriter
+from schemas.dead_letter import dead_letter
+from schemas.kafka_io import AvroConsumer, AvroProducer
 
 
 @dataclass
@@ -29,24 +33,40 @@ class LoaderStats:
     latencies_ms: list[int] = field(default_factory=list)
 
 
-def run_loader(bootstrap: str, topic: str, dead_letter_topic: str, group_id: str, store: RedisFeatureStore,
-               batch: int = 20_000,
-               should_stop: Callable[[], bool] = lambda: False, idle_exit_s: float | None = None,
-               on_batch: Callable[[LoaderStats], None] | None = None, partitions: int = 2,
-               isolation_level: str = "read_committed", poll_timeout_s: float = 0.05) -> LoaderStats:
+@dataclass(frozen=True)
+class LoaderConfig:
+    bootstrap: str
+    topic: str
+    dead_letter_topic: str
+    group_id: str
+    batch: int = 20_000
+    partitions: int = 2
+    isolation_level: str = "read_committed"
+    # a poll returns after this long with what has arrived: a record waits at most that long for Redis
+    poll_timeout_s: float = 0.05
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> LoaderConfig:
+        k, f = settings.kafka, settings.flink
+        return replace(cls(k.bootstrap_servers, k.topics.features, k.topics.dead_letter, f.loader_group_id,
+                           f.loader_batch, k.partitions, f.loader_isolation), **overrides)
+
+
+def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable[[], bool] = lambda: False,
+               idle_exit_s: float | None = None, on_batch: Callable[[LoaderStats], None] | None = None) -> LoaderStats:
     """Consumes until `should_stop()` or `idle_exit_s` without records. Order per batch: undecodable
     records to the dead-letter topic, good ones to Redis (one pipeline), then the offsets committed.
-    A poll returns after `poll_timeout_s` with what has arrived, so a record waits at most that long
-    before its batch goes to Redis; a backlog still comes in full batches."""
-    ensure_topics(bootstrap, [topic], partitions)
-    consumer = AvroConsumer(bootstrap, group_id, [topic], "FeatureRecord", isolation_level=isolation_level,
+    A backlog comes in full batches."""
+    c = config
+    ensure_topics(c.bootstrap, [c.topic], c.partitions)
+    consumer = AvroConsumer(c.bootstrap, c.group_id, [c.topic], "FeatureRecord", isolation_level=c.isolation_level,
                             **{"fetch.min.bytes": 1, "fetch.wait.max.ms": 50})
-    dead = AvroProducer(producer_config(bootstrap, linger_ms=5), dead_letter_topic, "DeadLetter")
+    dead = AvroProducer(producer_config(c.bootstrap, linger_ms=5), c.dead_letter_topic, "DeadLetter")
     stats = LoaderStats()
     last = time.monotonic()
     try:
         while not should_stop():
-            got = consumer.poll_batch(max_records=batch, timeout_s=poll_timeout_s)
+            got = consumer.poll_batch(max_records=c.batch, timeout_s=c.poll_timeout_s)
             if got.records:
                 stats.slots_written += store.write_batch(got.records)
                 readable_at = int(time.time() * 1000)
@@ -55,9 +75,8 @@ def run_loader(bootstrap: str, topic: str, dead_letter_topic: str, group_id: str
                 stats.batches += 1
             if got.rejected:
                 now = int(time.time() * 1000)
-                for t, p, o, reason in got.rejected:
-                    dead.produce({"stage": "redis-loader", "reason": reason, "source_topic": t, "source_partition": p,
-                                  "source_offset": o, "key": None, "value": None, "detected_at": now})
+                for reject in got.rejected:
+                    dead.produce(dead_letter("redis-loader", reject, now))
                 dead.flush()
                 stats.rejected += len(got.rejected)
             if got.offsets:

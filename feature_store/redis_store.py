@@ -24,11 +24,14 @@ import hiredis
 import numpy as np
 import redis
 
+from core.settings import RedisSettings
 from feature_store.base import UNKNOWN_WINDOW_END, OnlineFeatures
 from feature_store.keys import entity_key, entity_key_prefix, field_name, split_feature_name, window_end_field
+from schemas.registry import field_names
 
-VALUE_FIELDS = ("impressions", "clicks", "likes", "carts", "orders", "ctr", "dwell_sum_ms", "dwell_mean_ms",
-                "distinct_counterparts")
+# Which FeatureRecord fields name the slot and its window; every other field is a stored value.
+SLOT_FIELDS = ("entity_type", "entity_id", "horizon_s", "window_start", "window_end")
+VALUE_FIELDS = tuple(f for f in field_names("FeatureRecord") if f not in SLOT_FIELDS)
 
 # Many slots per call. KEYS: the entity hashes. ARGV: ttl_s, fields per slot, then per key that
 # many field/value pairs, the window end's first. Values are packed float64s (struct '<d'). A slot
@@ -79,6 +82,10 @@ class RedisFeatureStore:
         self.ttl_s = ttl_s
         self._client: redis.Redis | None = None
         self._script: Any = None
+
+    @classmethod
+    def from_settings(cls, redis_settings: RedisSettings) -> RedisFeatureStore:
+        return cls(redis_settings.url, redis_settings.key_prefix, redis_settings.ttl_s)
 
     @property
     def client(self) -> redis.Redis:

@@ -1,1 +1,2 @@
-"""PyFlink feature jobs: windowing and joins run in the JVM (Flink SQL), never in Python UDFs."""
+"""PyFlink feature jobs: windowing and joins run in the JVM (Flink SQL), never in Python UDFs.
+Uses `core` and `schemas`; never the trainer."""

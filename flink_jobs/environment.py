@@ -6,8 +6,8 @@ import os
 
 from pyflink.table import EnvironmentSettings, TableEnvironment
 
+from core.settings import Settings
 from flink_jobs.jars import job_jars
-from rtrec.settings import Settings
 
 
 def table_environment(settings: Settings, streaming: bool = True) -> TableEnvironment:
@@ -19,8 +19,8 @@ def table_environment(settings: Settings, streaming: bool = True) -> TableEnviro
     env_settings = EnvironmentSettings.in_streaming_mode() if streaming else EnvironmentSettings.in_batch_mode()
     t_env = TableEnvironment.create(env_settings)
     conf = t_env.get_config()
-    if f.jars_dir is not None:
-        jars = [p.resolve().as_uri() for p in sorted(f.jars_dir.glob("*.jar"))]
+    if f.prebuilt_jars_dir is not None:
+        jars = [p.resolve().as_uri() for p in sorted(f.prebuilt_jars_dir.glob("*.jar"))]
     else:
         jars = job_jars(settings.services.cache_dir)
     conf.set("pipeline.jars", ";".join(jars))

@@ -7,13 +7,13 @@ Sections in order: UDFs, source DDL with the watermark, decoded view, window SQL
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from pyflink.table import StatementSet, TableEnvironment
 
-from feature_store.feature_set import FEATURE_SET, HORIZONS_S
+from core.log_range import LogRange
+from core.settings import FlinkSettings, Settings
 from flink_jobs.ddl import avro_sink_ddl, events_source_ddl, quote, schema_json, writer_schemas
 from flink_jobs.feature_sql import dead_letters_sql, decoded_view_sql, good_events_sql, window_sql
+from flink_jobs.range_options import connector_options
 from flink_jobs.sample_sql import (
     base_rows_sql,
     engagements_sql,
@@ -23,7 +23,7 @@ from flink_jobs.sample_sql import (
     label_rows_sql,
     samples_sql,
 )
-from rtrec.settings import Settings
+from schemas.feature_set import HORIZONS_S
 
 
 def decode_args(settings: Settings) -> str:
@@ -33,7 +33,12 @@ def decode_args(settings: Settings) -> str:
     return f"{writers}, {quote(schema_json('InteractionEvent'))}, {past}, CAST({f.max_future_skew_ms} AS BIGINT)"
 
 
-def build_job(settings: Settings, t_env: TableEnvironment, startup: Mapping[str, str] | None = None,
+def slide_s(f: FlinkSettings, horizon_s: int) -> int:
+    """How far a long horizon's window hops: its setting, else the base window."""
+    return f.horizon_slides_s.get(horizon_s, f.window_s)
+
+
+def build_job(settings: Settings, t_env: TableEnvironment, log_range: LogRange | None = None,
               job_id: str = "features", with_samples: bool = True) -> StatementSet:
     k, f = settings.kafka, settings.flink
     t_env.create_java_temporary_system_function("RTREC_DECODE_EVENT", "dev.rtrec.flink.DecodeInteractionEvent")
@@ -42,8 +47,9 @@ def build_job(settings: Settings, t_env: TableEnvironment, startup: Mapping[str,
 
     t_env.execute_sql(events_source_ddl("events_raw", k.topics.events, k.bootstrap_servers, f.group_id,
                                         f.watermark_delay_ms, "RTREC_EVENT_TIME", args,
-                                        startup or {"scan.startup.mode": "group-offsets",
-                                                    "properties.auto.offset.reset": "earliest"}))
+                                        connector_options(log_range) if log_range is not None else
+                                        {"scan.startup.mode": "group-offsets",
+                                         "properties.auto.offset.reset": "earliest"}))
     t_env.create_temporary_view("decoded", t_env.sql_query(decoded_view_sql("events_raw", "RTREC_DECODE_EVENT",
                                                                             args)))
     t_env.create_temporary_view("events", t_env.sql_query(good_events_sql("decoded", f.window_s)))
@@ -55,7 +61,7 @@ def build_job(settings: Settings, t_env: TableEnvironment, startup: Mapping[str,
                                     exactly_once, f"rtrec-{job_id}-dead"))
 
     statements = t_env.create_statement_set()
-    windows = [(f.window_s, f.window_s), *zip(f.horizons_s, f.horizon_slides_s, strict=True)]
+    windows = [(f.window_s, f.window_s), *((h, slide_s(f, h)) for h in f.horizons_s or HORIZONS_S)]
     # One INSERT (a UNION ALL): a Kafka sink per INSERT would need its own transactional id prefix.
     # user-item pairs get the base window only: their long horizons would multiply the output rows.
     queries = [window_sql(entity, size_s, slide_s) for entity in ("user", "item") for size_s, slide_s in windows]
@@ -73,18 +79,14 @@ def add_samples(settings: Settings, t_env: TableEnvironment, statements: Stateme
                 job_id: str) -> None:
     """Training samples (see sample_sql) into the samples topic, keyed by user."""
     k, f = settings.kafka, settings.flink
-    slides = dict(zip(f.horizons_s, f.horizon_slides_s, strict=True))
-    missing = [h for h in HORIZONS_S if h not in slides]
-    if missing:
-        raise ValueError(f"feature set {FEATURE_SET} needs horizons {HORIZONS_S}s; flink.horizons_s lacks {missing}")
     t_env.create_temporary_view("impressions", t_env.sql_query(impressions_sql()))
     t_env.create_temporary_view("engagements", t_env.sql_query(engagements_sql()))
     parts = [base_rows_sql(), label_rows_sql(f.attribution_window_s)]
     for entity in ("user", "item"):
         for h in HORIZONS_S:
             view = f"f_{entity}_{h}"
-            t_env.create_temporary_view(view, t_env.sql_query(feature_window_sql(entity, h, slides[h])))
-            parts.append(feature_rows_sql(view, entity, h, slides[h]))
+            t_env.create_temporary_view(view, t_env.sql_query(feature_window_sql(entity, h, slide_s(f, h))))
+            parts.append(feature_rows_sql(view, entity, h, slide_s(f, h)))
     t_env.create_temporary_view("sample_rows", t_env.sql_query("\nUNION ALL\n".join(parts)))
     t_env.execute_sql(avro_sink_ddl("samples_sink", "TrainingSample", k.topics.samples, k.bootstrap_servers,
                                     exactly_once, f"rtrec-{job_id}-samples", key_field="user_id"))

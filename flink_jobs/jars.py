@@ -1,4 +1,4 @@
-"""The jars a job needs: connectors from Maven (see rtrec/services/maven) and this project's small
+"""The jars a job needs: connectors from Maven (see core/maven.py) and this project's small
 Java UDF jar, compiled with `javac` against the Flink jars of the pip package, once per source hash."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pyflink
 
-from rtrec.services.maven import jar_urls, resolve_jars
+from core.maven import jar_urls, resolve_jars
 
 JAVA_SRC = Path(__file__).parent / "java"
 FLINK_HOME = Path(pyflink.__file__).parent

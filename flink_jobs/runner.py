@@ -4,13 +4,13 @@ retained checkpoint unless told to start fresh."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from core.log_range import LogRange
+from core.settings import Settings
 from flink_jobs.environment import table_environment
 from flink_jobs.feature_job import build_job
-from rtrec.settings import Settings
 
 log = logging.getLogger("rtrec.flink")
 
@@ -21,11 +21,13 @@ def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
     return found[-1].parent if found else None
 
 
-def start_job(settings: Settings, resume: bool = True, startup: Mapping[str, str] | None = None,
+def start_job(settings: Settings, resume: bool = True, log_range: LogRange | None = None,
               job_id: str = "features", with_samples: bool = True, streaming: bool = True) -> Any:
-    """Submits the job to the embedded mini-cluster and returns its TableResult (the job runs on)."""
+    """Submits the job to the embedded mini-cluster and returns its TableResult (the job runs on).
+
+    Without `log_range` the job runs live from the group's offsets; with one it reads that range and ends."""
     t_env = table_environment(settings, streaming=streaming)
-    if startup and "scan.bounded.mode" in startup:
+    if log_range is not None:
         # A bounded replay runs hours of event time per second: a partition that pauses for the idle
         # timeout would let the others push the watermark past everything it still holds (seen here:
         # 1,537 of 60,287 replayed events dead-lettered as late). The end of input flushes every window.
@@ -34,4 +36,4 @@ def start_job(settings: Settings, resume: bool = True, startup: Mapping[str, str
     if checkpoint is not None:
         log.info("resuming from checkpoint %s", checkpoint)
         t_env.get_config().set("execution.state-recovery.path", str(checkpoint))
-    return build_job(settings, t_env, startup=startup, job_id=job_id, with_samples=with_samples).execute()
+    return build_job(settings, t_env, log_range=log_range, job_id=job_id, with_samples=with_samples).execute()

@@ -14,9 +14,9 @@ True
 
 from __future__ import annotations
 
-from feature_store.feature_set import AGGREGATES, FEATURE_NAMES, FEATURE_SET
 from flink_jobs.ddl import header_literal, quote
 from flink_jobs.feature_sql import ENTITY_KEYS, interval, window_table
+from schemas.feature_set import AGGREGATES, FEATURE_NAMES, FEATURE_SET
 
 _AGG_COLUMNS = {"impressions": "CAST(impressions AS DOUBLE)", "clicks": "CAST(clicks AS DOUBLE)",
                 "likes": "CAST(likes AS DOUBLE)", "ctr": "ctr", "dwell_mean_ms": "dwell_mean_ms"}

@@ -13,9 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the cluster's cl
 
 
 def main() -> None:
+    from core.settings import load_settings
     from flink_jobs.environment import table_environment
     from flink_jobs.feature_job import build_job
-    from rtrec.settings import load_settings
 
     parser = argparse.ArgumentParser(description="rtrec feature job")
     parser.add_argument("--config", default=None)

@@ -1,8 +1,10 @@
 """One model learning incrementally: `step(batch)` scores the batch (prequential), then learns from it.
 
-Order inside a step: forward -> record prequential metrics -> skip on a non-finite loss ->
-backward -> Fisher estimate from the data-loss gradient -> EWC penalty gradient -> optimiser step ->
-EMA of the touched rows. The published weights are the EMA when it is on, else the trained weights.
+Order inside a step: forward -> record prequential metrics (of the trained weights and, with EMA, of
+the published weights too) -> skip on a non-finite loss -> backward -> Fisher estimate from the
+data-loss gradient -> EWC penalty gradient -> optimiser step -> EMA of the touched rows. The
+published weights are the EMA when it is on, else the trained weights; the promotion gate judges
+`published_prequential`, the scores of the weights it would publish.
 """
 
 from __future__ import annotations
@@ -13,15 +15,16 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.func import functional_call
 
+from core.settings import TrainerSettings
 from gpu_trainer.batch import Batch
 from gpu_trainer.collisions import CollisionCounter
 from gpu_trainer.device import amp_dtype, pick_device
-from gpu_trainer.metrics import Prequential
 from gpu_trainer.models import build_model, sparse_tables
+from gpu_trainer.prequential import Prequential
 from gpu_trainer.updates.ema import EMA
 from gpu_trainer.updates.ewc import OnlineEWC
-from rtrec.settings import TrainerSettings
 
 
 def model_config(cfg: TrainerSettings, n_dense: int) -> dict[str, Any]:
@@ -59,6 +62,7 @@ class Learner:
         self.ewc = (OnlineEWC(self.params, cfg.ewc_lambda, cfg.ewc_fisher_momentum, cfg.ewc_consolidation_decay,
                               names) if cfg.ewc_enabled else None)
         self.prequential = Prequential(cfg.eval_window)
+        self.published_prequential = Prequential(cfg.eval_window) if self.ema is not None else self.prequential
         self.loss_fn = nn.BCEWithLogitsLoss()
         self.samples_trained = 0
         self.non_finite_batches = 0
@@ -69,9 +73,13 @@ class Learner:
         users, items = torch.unique(batch.user_idx), torch.unique(batch.item_idx)
         return {n: (users if n.startswith("user") else items) for n in self.tables}
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch, weights: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """Logits of the trained weights, or of `weights` (e.g. the EMA) with the same model."""
+        args = (batch.user_idx, batch.item_idx, batch.dense)
         with torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
-            return self.model(batch.user_idx, batch.item_idx, batch.dense).float()
+            if weights is None:
+                return self.model(*args).float()
+            return functional_call(self.model, weights, args).float()
 
     def _warm_start_bias(self, batch: Batch) -> None:
         """Sets the output bias to the first batch's base rate (log-odds). Otherwise Adam's first steps,
@@ -93,8 +101,12 @@ class Learner:
         self.model.train()
         logits = self.forward(batch)
         loss = self.loss_fn(logits, batch.label)
-        probs = torch.sigmoid(logits.detach()).cpu().numpy().astype(np.float64)
-        self.prequential.update(probs, batch.label.cpu().numpy(), int(batch.event_time_ms.max()))
+        labels, at_ms = batch.label.cpu().numpy(), int(batch.event_time_ms.max())
+        self.prequential.update(torch.sigmoid(logits.detach()).cpu().numpy().astype(np.float64), labels, at_ms)
+        if self.ema is not None:
+            with torch.no_grad():
+                published = torch.sigmoid(self.forward(batch, self.ema.shadow))
+            self.published_prequential.update(published.cpu().numpy().astype(np.float64), labels, at_ms)
         if not torch.isfinite(loss):
             self.non_finite_batches += 1
             return StepResult(float("nan"), trained=False)

@@ -10,11 +10,11 @@ import torch
 from torch import nn
 
 from feature_store.base import FeatureReader
-from feature_store.feature_set import FEATURE_NAMES, names_for
 from gpu_trainer.batch import bucket
+from gpu_trainer.model_registry import ModelRegistry
 from gpu_trainer.models import build_model
-from gpu_trainer.registry import ModelRegistry
 from gpu_trainer.snapshots import Manifest, SnapshotError, SnapshotStore
+from schemas.feature_set import FEATURE_NAMES, names_for
 
 
 @dataclass

@@ -1,1 +1,2 @@
-"""rtrec: the CLI, settings and local services that drive the pipeline packages."""
+"""rtrec: the CLI, local services, event sources, demo, backfill and evaluation that drive the
+pipeline packages (the top: nothing below imports it)."""

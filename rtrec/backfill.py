@@ -23,10 +23,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from feature_store.loader import LoaderStats, run_loader
+from core.kafka import ensure_topics
+from core.log_range import AtOffsets, AtTime, Latest, LogRange, Position
+from core.settings import Settings
+from feature_store.loader import LoaderConfig, LoaderStats, run_loader
 from feature_store.redis_store import RedisFeatureStore
-from rtrec.settings import Settings
-from schemas.kafka_io import ensure_topics
 
 
 @dataclass
@@ -45,23 +46,9 @@ class BackfillError(RuntimeError):
     pass
 
 
-def backfill_settings(settings: Settings, run_id: str) -> Settings:
-    """The run's own topics, job group, checkpoints, loader group, trainer group and snapshot store."""
-    k, f, t = settings.kafka, settings.flink, settings.trainer
-    topics = k.topics.model_copy(update={"features": f"{k.topics.features}.{run_id}",
-                                         "samples": f"{k.topics.samples}.{run_id}"})
-    return settings.model_copy(update={
-        "kafka": k.model_copy(update={"topics": topics}),
-        "flink": f.model_copy(update={"group_id": f"rtrec-{run_id}", "checkpoint_dir": f.checkpoint_dir / run_id,
-                                      "loader_group_id": f"rtrec-loader-{run_id}"}),
-        "trainer": t.model_copy(update={"group_id": f"rtrec-trainer-{run_id}", "instance_id": run_id,
-                                        "snapshot_dir": t.snapshot_dir.with_name(f"{t.snapshot_dir.name}-{run_id}")}),
-    })
-
-
-def range_offsets(bootstrap: str, topic: str, startup: dict[str, str]) -> dict[int, tuple[int, int]]:
-    """Per partition, the [start, end) offsets the connector options select (Kafka resolves a time to
-    the first offset whose record timestamp is at or after it)."""
+def range_offsets(bootstrap: str, topic: str, log_range: LogRange) -> dict[int, tuple[int, int]]:
+    """Per partition, the [start, end) offsets the range selects (Kafka resolves a time to the first
+    offset whose record timestamp is at or after it)."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "rtrec-backfill-range",
@@ -70,34 +57,35 @@ def range_offsets(bootstrap: str, topic: str, startup: dict[str, str]) -> dict[i
         partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
         bounds = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30) for p in partitions}
 
-        def resolve(kind: str, default: int) -> dict[int, int]:
-            mode = startup[f"scan.{kind}.mode"]
-            if mode == "timestamp":
-                ts = int(startup[f"scan.{kind}.timestamp-millis"])
-                found = consumer.offsets_for_times([TopicPartition(topic, p, ts) for p in partitions], timeout=30)
-                return {tp.partition: bounds[tp.partition][1] if tp.offset < 0 else tp.offset for tp in found}
-            if mode == "specific-offsets":
-                given = dict(pair.replace("partition:", "").split(",offset:")
-                             for pair in startup[f"scan.{kind}.specific-offsets"].split(";"))
-                return {p: int(given[str(p)]) if str(p) in given else bounds[p][default] for p in partitions}
-            return {p: bounds[p][default] for p in partitions}  # earliest-offset / latest-offset
+        def resolve(position: Position, default: int) -> dict[int, int]:
+            match position:
+                case AtTime(epoch_ms=ts):
+                    found = consumer.offsets_for_times([TopicPartition(topic, p, ts) for p in partitions], timeout=30)
+                    return {tp.partition: bounds[tp.partition][1] if tp.offset < 0 else tp.offset for tp in found}
+                case AtOffsets():
+                    given = position.as_dict()
+                    return {p: given.get(p, bounds[p][default]) for p in partitions}
+                case Latest():
+                    return {p: bounds[p][1] for p in partitions}
+            return {p: bounds[p][0] for p in partitions}  # Earliest
 
-        start, end = resolve("startup", 0), resolve("bounded", 1)
+        start, end = resolve(log_range.start, 0), resolve(log_range.end, 1)
         return {p: (start[p], max(start[p], end[p])) for p in partitions}
     finally:
         consumer.close()
 
 
-def run_backfill(settings: Settings, startup: dict[str, str], with_samples: bool = True, train: bool = False,
+def run_backfill(settings: Settings, log_range: LogRange, with_samples: bool = True, train: bool = False,
                  say: Callable[[str], None] = print, run_id: str | None = None) -> BackfillResult:
     from flink_jobs.runner import start_job  # the JVM gateway starts here, not at import
 
     if train and not with_samples:
         raise BackfillError("training needs samples: drop --no-samples")
     run_id = run_id or f"backfill-{time.strftime('%Y%m%d-%H%M%S')}"
-    s = backfill_settings(settings, run_id)
+    # the run's own features and samples topics, groups, checkpoints and snapshot store; Redis features stay live
+    s = settings.namespaced(run_id, topics=("features", "samples"), redis=False)
     k = s.kafka
-    offsets = range_offsets(k.bootstrap_servers, k.topics.events, startup)
+    offsets = range_offsets(k.bootstrap_servers, k.topics.events, log_range)
     n_events = sum(end - start for start, end in offsets.values())
     if n_events == 0:
         raise BackfillError(
@@ -107,22 +95,22 @@ def run_backfill(settings: Settings, startup: dict[str, str], with_samples: bool
             "its own (RTREC_KAFKA__TOPICS__EVENTS)")
     say(f"[backfill] {n_events} records of {k.topics.events} in range (offsets {offsets})")
     ensure_topics(k.bootstrap_servers, [k.topics.features, k.topics.samples, k.topics.dead_letter], k.partitions)
-    job = start_job(s, resume=False, startup=startup, job_id=run_id, with_samples=with_samples)
-    say(f"[backfill] job {job.get_job_client().get_job_id()} over {startup}; features -> {k.topics.features}"
+    job = start_job(s, resume=False, log_range=log_range, job_id=run_id, with_samples=with_samples)
+    say(f"[backfill] job {job.get_job_client().get_job_id()} over {log_range}; features -> {k.topics.features}"
         + (f", samples -> {k.topics.samples}" if with_samples else ""))
     _wait(job, s)
-    store = RedisFeatureStore(s.redis.url, s.redis.key_prefix, s.redis.ttl_s)
-    loaded = run_loader(k.bootstrap_servers, k.topics.features, k.topics.dead_letter, s.flink.loader_group_id,
-                        store, s.flink.loader_batch, idle_exit_s=3.0, partitions=k.partitions)
+    # read_committed: a bounded job's transactions all commit, and the loader waits for them
+    loaded = run_loader(LoaderConfig.from_settings(s, isolation_level="read_committed"),
+                        RedisFeatureStore.from_settings(s.redis), idle_exit_s=3.0)
     say(f"[backfill] {loaded.records} feature records loaded into Redis, {loaded.slots_written} slots updated "
         "(windows older than a slot's live value change nothing)")
     result = BackfillResult(run_id, k.topics.features, k.topics.samples if with_samples else None, loaded)
     if train:
-        from gpu_trainer.loop import TrainerService
+        from gpu_trainer.service import TrainerService
 
         model_prefix = f"{s.redis.key_prefix}:{run_id}"
         trainer_settings = s.model_copy(update={"redis": s.redis.model_copy(update={"key_prefix": model_prefix})})
-        summary = TrainerService(trainer_settings).run(idle_exit_s=5.0)
+        summary = TrainerService.from_settings(trainer_settings).run(idle_exit_s=5.0)
         result.trained_samples, result.snapshots = summary.samples_trained, summary.snapshots
         result.snapshot_dir, result.model_key_prefix = s.trainer.snapshot_dir, model_prefix
         say(f"[backfill] trained {summary.samples_trained} samples; snapshots {summary.snapshots} in "

@@ -24,14 +24,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from core.kafka import ensure_topics
+from core.log_range import LogRange
+from core.settings import Settings, TrainerSettings
 from gpu_trainer.batch import Columns
 from gpu_trainer.learner import Learner
-from gpu_trainer.metrics import auc, logloss
 from gpu_trainer.models import build_model
-from rtrec.settings import Settings, TrainerSettings
+from gpu_trainer.prequential import auc, logloss
 from rtrec.sources.produce import produce_replay, produce_synthetic
 from rtrec.sources.replay import ColumnMapping
-from schemas.kafka_io import ensure_topics, read_topic
+from schemas.kafka_io import read_topic
 
 
 @dataclass
@@ -83,17 +85,14 @@ def _through_pipeline(settings: Settings, produce: Callable[[Settings], None],
                       say: Callable[[str], None]) -> list[dict]:
     from flink_jobs.runner import start_job
 
-    run = uuid.uuid4().hex[:8]
-    topics = settings.kafka.topics.under(f"rtrec.eval.{run}.")
-    s = settings.model_copy(update={
-        "kafka": settings.kafka.model_copy(update={"topics": topics}),
-        "flink": settings.flink.model_copy(update={"group_id": f"rtrec-eval-{run}",
-                                                   "checkpoint_dir": settings.flink.checkpoint_dir / f"eval-{run}"})})
+    run = f"eval-{uuid.uuid4().hex[:8]}"
+    s = settings.namespaced(run)
+    topics = s.kafka.topics
     ensure_topics(s.kafka.bootstrap_servers, list(topics.model_dump().values()), s.kafka.partitions)
     produce(s)
     say("[evaluate] running the feature job over them")
-    start_job(s, resume=False, startup={"scan.startup.mode": "earliest-offset", "scan.bounded.mode": "latest-offset"},
-              job_id=f"eval-{run}").wait()
+    start_job(s, resume=False, log_range=LogRange(),
+              job_id=run).wait()
     samples = read_topic(s.kafka.bootstrap_servers, topics.samples, "TrainingSample", timeout_s=120).records
     samples.sort(key=lambda r: (r["event_time"], r["sample_id"]))
     dead = read_topic(s.kafka.bootstrap_servers, topics.dead_letter, "DeadLetter", timeout_s=60).records

@@ -1,7 +1,7 @@
-"""Kafka plumbing shared by producers, jobs and the trainer: topics, batched Avro produce/consume.
+"""The Avro contracts over Kafka: a producer and a consumer of one schema each, headers included.
 
-All network I/O is batched: producing relies on librdkafka's linger/batching (one `produce` call
-per record only enqueues), consuming uses `consume(num_messages=...)`.
+Transport (configurations, topics, the poll loop) is `core.kafka`; this module only encodes,
+decodes and turns undecodable records into `Reject`s, never exceptions.
 """
 
 from __future__ import annotations
@@ -11,38 +11,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from core.kafka import consumer_config, poll_messages
+from schemas.dead_letter import Reject
 from schemas.serde import Deserializer, Record, SerdeError, Serializer, deserializer, header_of, serializer
-
-
-def ensure_topics(bootstrap: str, topics: Iterable[str], partitions: int = 2, timeout_s: float = 30.0) -> None:
-    """Creates the topics that do not exist yet (replication factor 1: a single-node broker)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    existing = set(admin.list_topics(timeout=timeout_s).topics)
-    missing = [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics if t not in existing]
-    if not missing:
-        return
-    for topic, future in admin.create_topics(missing, request_timeout=timeout_s).items():
-        try:
-            future.result(timeout=timeout_s)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise RuntimeError(f"cannot create topic {topic}: {exc}") from exc
-
-
-def producer_config(bootstrap: str, linger_ms: int = 20, batch_size_bytes: int = 1_000_000,
-                    compression: str = "lz4", **extra: Any) -> dict[str, Any]:
-    return {
-        "bootstrap.servers": bootstrap,
-        "linger.ms": linger_ms,
-        "batch.size": batch_size_bytes,
-        "compression.type": compression,
-        "enable.idempotence": True,
-        "queue.buffering.max.messages": 1_000_000,
-        **extra,
-    }
 
 
 @dataclass
@@ -101,8 +74,13 @@ class AvroProducer:
 @dataclass
 class ConsumedBatch:
     records: list[Record]
-    rejected: list[tuple[str, int, int, str]]  # (topic, partition, offset, reason)
+    rejected: list[Reject]  # undecodable records, with where they came from
     offsets: dict[tuple[str, int], int]  # next offset to read, per (topic, partition)
+
+    def extend(self, other: ConsumedBatch) -> None:
+        self.records += other.records
+        self.rejected += other.rejected
+        self.offsets.update(other.offsets)
 
 
 class AvroConsumer:
@@ -110,17 +88,11 @@ class AvroConsumer:
 
     def __init__(self, bootstrap: str, group_id: str, topics: list[str] | None, schema_name: str,
                  auto_offset_reset: str = "earliest", isolation_level: str = "read_committed",
-                 **extra: Any) -> None:
+                 keep_rejected_values: bool = False, **extra: Any) -> None:
         """Subscribes to `topics` as consumer group `group_id`; with `topics=None` the caller assigns."""
         self.decode: Deserializer = deserializer(schema_name)
-        self._consumer = Consumer({
-            "bootstrap.servers": bootstrap,
-            "group.id": group_id,
-            "auto.offset.reset": auto_offset_reset,
-            "enable.auto.commit": False,
-            "isolation.level": isolation_level,
-            **extra,
-        })
+        self.keep_rejected_values = keep_rejected_values
+        self._consumer = Consumer(consumer_config(bootstrap, group_id, isolation_level, auto_offset_reset, **extra))
         if topics:
             self._consumer.subscribe(topics)
 
@@ -128,25 +100,26 @@ class AvroConsumer:
     def raw(self) -> Consumer:
         return self._consumer
 
-    def poll_batch(self, max_records: int = 5000, timeout_s: float = 1.0) -> ConsumedBatch:
-        messages = self._consumer.consume(num_messages=max_records, timeout=timeout_s)
+    def poll_batch(self, max_records: int = 5000, timeout_s: float = 1.0, fill: bool = False) -> ConsumedBatch:
+        """One fetch's records, or with `fill` up to `max_records` or `timeout_s` (see core.kafka.poll_messages)."""
         batch = ConsumedBatch([], [], {})
-        for msg in messages:
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    continue
-                raise KafkaException(err)
+        for msg in poll_messages(self._consumer, max_records, timeout_s, fill=fill):
             batch.offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
             try:
                 batch.records.append(self.decode(msg.value(), header_of(msg.headers())))
             except SerdeError as exc:
-                batch.rejected.append((msg.topic(), msg.partition(), msg.offset(), exc.reason))
+                batch.rejected.append(Reject(exc.reason, msg.topic(), msg.partition(), msg.offset(),
+                                             value=msg.value() if self.keep_rejected_values else None))
         return batch
 
-    def commit(self) -> None:
+    def commit(self, offsets: Mapping[tuple[str, int], int] | None = None) -> None:
+        """Commits `offsets` (next to read, per partition), or the consumer's positions."""
         try:
-            self._consumer.commit(asynchronous=False)
+            if offsets is None:
+                self._consumer.commit(asynchronous=False)
+            elif offsets:
+                self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                                      asynchronous=False)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError._NO_OFFSET:
                 raise
@@ -160,18 +133,13 @@ def consume_until(consumer: AvroConsumer, n: int, timeout_s: float = 30.0) -> Co
     total = ConsumedBatch([], [], {})
     deadline = time.monotonic() + timeout_s
     while len(total.records) + len(total.rejected) < n and time.monotonic() < deadline:
-        got = consumer.poll_batch(timeout_s=0.5)
-        total.records += got.records
-        total.rejected += got.rejected
-        total.offsets.update(got.offsets)
+        total.extend(consumer.poll_batch(timeout_s=0.5))
     return total
 
 
 def read_topic(bootstrap: str, topic: str, schema_name: str, timeout_s: float = 60.0,
                isolation_level: str = "read_committed") -> ConsumedBatch:
     """Every record from the beginning up to the end offsets seen at call time (no consumer group)."""
-    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-
     consumer = AvroConsumer(bootstrap, "rtrec-reader", None, schema_name, isolation_level=isolation_level)
     raw = consumer.raw
     try:
@@ -183,10 +151,7 @@ def read_topic(bootstrap: str, topic: str, schema_name: str, timeout_s: float = 
         # the position, not the last record's offset: transaction markers take offsets too
         reached = dict.fromkeys(ends, 0)
         while time.monotonic() < deadline and any(reached[p] < end for p, end in ends.items()):
-            got = consumer.poll_batch(timeout_s=0.5)
-            total.records += got.records
-            total.rejected += got.rejected
-            total.offsets.update(got.offsets)
+            total.extend(consumer.poll_batch(timeout_s=0.5))
             for tp in raw.position([TopicPartition(topic, p) for p in ends]):
                 reached[tp.partition] = max(reached[tp.partition], tp.offset)
         return total

@@ -88,3 +88,12 @@ def schema(name: str) -> AvroSchema:
         return current_schemas()[name]
     except KeyError:
         raise KeyError(f"no schema {name!r}; known: {sorted(current_schemas())}") from None
+
+
+def field_names(name: str) -> tuple[str, ...]:
+    """The field names of the current schema `name`, in order (derive from the contract, never restate it).
+
+    >>> field_names("DeadLetter")[:2]
+    ('stage', 'reason')
+    """
+    return tuple(f["name"] for f in schema(name).raw["fields"])

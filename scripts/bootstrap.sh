@@ -58,5 +58,5 @@ command -v docker-compose >/dev/null || [ "$(id -u)" != 0 ] || missing+=(docker-
 [ ${#missing[@]} -eq 0 ] || as_root_apt "${missing[@]}"
 
 # --- Jars -----------------------------------------------------------------------------------
-(cd "$ROOT" && "$VENV/bin/python" -m rtrec.services.maven) || die "could not resolve the Maven jars"
+(cd "$ROOT" && "$VENV/bin/python" -m core.maven) || die "could not resolve the Maven jars"
 say "ready: venv $VENV"

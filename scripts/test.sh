@@ -8,5 +8,5 @@ cd "$ROOT"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 .venv/bin/python -m ruff check .
 packages=()
-for dir in schemas rtrec feature_store flink_jobs gpu_trainer; do [ -d "$dir" ] && packages+=("$dir"); done
+for dir in core schemas rtrec feature_store flink_jobs gpu_trainer; do [ -d "$dir" ] && packages+=("$dir"); done
 exec .venv/bin/python -m pytest -m "not benchmark" --doctest-modules "$@" tests "${packages[@]}"

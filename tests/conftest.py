@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rtrec.settings import Settings, load_settings
+from core.settings import Settings, load_settings
 from tests.infra import Endpoints, containers, docker_available, local_processes
 
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.settings import ServicesSettings, load_settings
 from rtrec.services import manager
-from rtrec.settings import ServicesSettings, load_settings
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from rtrec.settings import Settings
+from core.log_range import LogRange
+from core.settings import Settings
 
 
 @click.command("backfill")
@@ -16,15 +17,14 @@ from rtrec.settings import Settings
 def backfill_command(settings: Settings, from_: str | None, to: str | None, no_samples: bool, train: bool) -> None:
     """Replay a historical range of the interactions topic through the features (into Redis, newer
     values kept) and, with --train, the trainer, without touching the live model or live topics."""
-    from flink_jobs.backfill import startup_options
     from rtrec.backfill import BackfillError, run_backfill
 
     try:
-        startup = startup_options(from_, to)
+        log_range = LogRange.parse(from_, to)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     try:
-        result = run_backfill(settings, startup, with_samples=not no_samples, train=train,
+        result = run_backfill(settings, log_range, with_samples=not no_samples, train=train,
                               say=lambda m: click.echo(m, err=True))
     except BackfillError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 import numpy as np
 
+from core.settings import Settings
 from rtrec.services.process import ServiceError
-from rtrec.settings import Settings
 
 
 @click.command("demo")

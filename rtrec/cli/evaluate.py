@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
+from core.settings import Settings
 from rtrec.cli.produce import _type_map
-from rtrec.settings import Settings
 from rtrec.sources.replay import ColumnMapping
 
 

@@ -8,12 +8,8 @@ import threading
 
 import click
 
+from core.settings import Settings
 from feature_store.redis_store import RedisFeatureStore
-from rtrec.settings import Settings
-
-
-def _store(settings: Settings) -> RedisFeatureStore:
-    return RedisFeatureStore(settings.redis.url, settings.redis.key_prefix, settings.redis.ttl_s)
 
 
 @click.group("features")
@@ -27,7 +23,7 @@ def features_group() -> None:
 @click.pass_obj
 def run(settings: Settings, fresh: bool, no_loader: bool) -> None:
     """Run the feature job on an embedded mini-cluster plus the Redis loader, until Ctrl-C."""
-    from feature_store.loader import run_loader
+    from feature_store.loader import LoaderConfig, run_loader
     from flink_jobs.runner import start_job
 
     stop = threading.Event()
@@ -37,12 +33,9 @@ def run(settings: Settings, fresh: bool, no_loader: bool) -> None:
     click.echo(f"feature job {client.get_job_id()} running; Ctrl-C stops it")
     loader = None
     if not no_loader:
-        k = settings.kafka
         loader = threading.Thread(target=run_loader, daemon=True, kwargs={
-            "bootstrap": k.bootstrap_servers, "topic": k.topics.features, "dead_letter_topic": k.topics.dead_letter,
-            "group_id": settings.flink.loader_group_id, "store": _store(settings), "batch": settings.flink.loader_batch,
-            "should_stop": stop.is_set, "partitions": k.partitions,
-            "isolation_level": settings.flink.loader_isolation})
+            "config": LoaderConfig.from_settings(settings), "store": RedisFeatureStore.from_settings(settings.redis),
+            "should_stop": stop.is_set})
         loader.start()
     try:
         while not stop.wait(1.0):
@@ -62,16 +55,13 @@ def run(settings: Settings, fresh: bool, no_loader: bool) -> None:
 @click.pass_obj
 def load(settings: Settings) -> None:
     """Feed Redis from the features topic until Ctrl-C (add processes to scale by partition)."""
-    from feature_store.loader import run_loader
+    from feature_store.loader import LoaderConfig, run_loader
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    k = settings.kafka
     try:
-        stats = run_loader(k.bootstrap_servers, k.topics.features, k.topics.dead_letter,
-                           settings.flink.loader_group_id, _store(settings), settings.flink.loader_batch,
-                           should_stop=stop.is_set, partitions=k.partitions,
-                           isolation_level=settings.flink.loader_isolation)
+        stats = run_loader(LoaderConfig.from_settings(settings), RedisFeatureStore.from_settings(settings.redis),
+                           should_stop=stop.is_set)
     except KeyboardInterrupt:
         return
     click.echo(f"loaded {stats.records} feature records, {stats.slots_written} slots written")
@@ -87,7 +77,7 @@ def get(settings: Settings, entity_type: str, ids: tuple[str, ...], names: str) 
     """Print online features (and each value's window end) from Redis as JSON lines."""
     wanted = [n.strip() for n in names.split(",") if n.strip()]
     try:
-        got = _store(settings).get_online_features(entity_type, list(ids), wanted)
+        got = RedisFeatureStore.from_settings(settings.redis).get_online_features(entity_type, list(ids), wanted)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     for i, entity_id in enumerate(ids):

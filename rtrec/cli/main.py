@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from core.settings import load_settings
 from rtrec.cli.backfill import backfill_command
 from rtrec.cli.demo import demo_command
 from rtrec.cli.evaluate import evaluate_command
@@ -15,7 +16,6 @@ from rtrec.cli.produce import produce_group
 from rtrec.cli.services import services_group
 from rtrec.cli.topics import consume_command
 from rtrec.cli.train import train_group
-from rtrec.settings import load_settings
 
 
 @click.group()

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import click
 
+from core.settings import Settings
 from feature_store.redis_store import RedisFeatureStore
+from gpu_trainer.model_registry import ModelRegistry
 from gpu_trainer.onnx_export import export_onnx
-from gpu_trainer.registry import ModelRegistry
 from gpu_trainer.scoring import load_current, load_snapshot, score
-from gpu_trainer.snapshots import SnapshotError, SnapshotStore
-from rtrec.settings import Settings
+from gpu_trainer.snapshots import SnapshotError
 
 
 def _registry(settings: Settings) -> ModelRegistry:
-    return ModelRegistry(SnapshotStore(settings.trainer.snapshot_dir), settings.redis.url, settings.redis.key_prefix)
+    return ModelRegistry.from_settings(settings.trainer, settings.redis)
 
 
 @click.group("model")
@@ -60,7 +60,7 @@ def score_items(settings: Settings, user: str, items: str) -> None:
         loaded = load_current(_registry(settings))
     except SnapshotError as exc:
         raise click.ClickException(str(exc)) from exc
-    reader = RedisFeatureStore(settings.redis.url, settings.redis.key_prefix, settings.redis.ttl_s)
+    reader = RedisFeatureStore.from_settings(settings.redis)
     scores = score(loaded, reader, user, item_ids)
     click.echo(f"model v{loaded.manifest.version}")
     for item, s in sorted(zip(item_ids, scores, strict=True), key=lambda p: -p[1]):

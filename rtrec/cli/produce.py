@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from rtrec.settings import Settings
+from core.settings import Settings
 from rtrec.sources.produce import produce_replay, produce_synthetic
 from rtrec.sources.replay import ColumnMapping
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
+from core.settings import Settings
 from rtrec.services import manager
 from rtrec.services.process import ServiceError
-from rtrec.settings import Settings
 
 
 def _print(results: dict[str, str]) -> None:

@@ -7,7 +7,7 @@ import uuid
 
 import click
 
-from rtrec.settings import Settings
+from core.settings import Settings
 from schemas.kafka_io import AvroConsumer, consume_until
 
 SCHEMA_BY_TOPIC_FIELD = {"events": "InteractionEvent", "features": "FeatureRecord", "samples": "TrainingSample",
@@ -30,5 +30,5 @@ def consume_command(settings: Settings, topic: str, max_records: int, timeout: f
         consumer.close()
     for record in batch.records[:max_records]:
         click.echo(json.dumps(record, default=lambda b: b.hex() if isinstance(b, bytes) else str(b)))
-    for t, p, o, reason in batch.rejected:
-        click.echo(f"undecodable {t}[{p}]@{o}: {reason}", err=True)
+    for r in batch.rejected:
+        click.echo(f"undecodable {r.topic}[{r.partition}]@{r.offset}: {r.reason}", err=True)

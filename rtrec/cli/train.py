@@ -6,8 +6,8 @@ import logging
 
 import click
 
-from gpu_trainer.loop import TrainerService
-from rtrec.settings import Settings
+from core.settings import Settings
+from gpu_trainer.service import TrainerService
 
 
 @click.group("train")
@@ -25,6 +25,6 @@ def run(settings: Settings, max_samples: int | None, idle_exit_s: float | None, 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if model:
         settings = settings.model_copy(update={"trainer": settings.trainer.model_copy(update={"model": model})})
-    summary = TrainerService(settings).run(max_samples=max_samples, idle_exit_s=idle_exit_s)
+    summary = TrainerService.from_settings(settings).run(max_samples=max_samples, idle_exit_s=idle_exit_s)
     click.echo(f"trained {summary.samples_trained} samples, dead-lettered {summary.dead_lettered}, "
                f"snapshots {summary.snapshots}, promoted {summary.promoted}, resumed from v{summary.resumed_from}")

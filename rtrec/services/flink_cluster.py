@@ -11,8 +11,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from core.settings import ServicesSettings
 from rtrec.services.process import ServiceError, log_tail, require_free_port
-from rtrec.settings import ServicesSettings
 
 NAME = "flink"
 

@@ -8,7 +8,8 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from rtrec.services.maven import classpath, resolve_jars
+from core.maven import MavenError, classpath, resolve_jars
+from core.settings import ServicesSettings
 from rtrec.services.process import (
     ServiceError,
     read_pid,
@@ -17,7 +18,6 @@ from rtrec.services.process import (
     stop_pid,
     wait_healthy,
 )
-from rtrec.settings import ServicesSettings
 
 NAME = "kafka"
 
@@ -114,7 +114,10 @@ class KafkaBroker:
         require_free_port("kafka", self.cfg.host, self.cfg.kafka_port, "RTREC_SERVICES__KAFKA_PORT")
         require_free_port("kafka controller", self.cfg.host, self.cfg.kafka_controller_port,
                           "RTREC_SERVICES__KAFKA_CONTROLLER_PORT")
-        jars = resolve_jars("kafka-pom.xml", self.cfg.jars_dir)
+        try:
+            jars = resolve_jars("kafka-pom.xml", self.cfg.jar_cache_dir)
+        except MavenError as exc:
+            raise ServiceError(str(exc)) from exc
         self.home.mkdir(parents=True, exist_ok=True)
         props = self.home / "server.properties"
         props.write_text(server_properties(self.cfg.host, self.cfg.kafka_port, self.cfg.kafka_controller_port,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from core.settings import ServicesSettings
 from rtrec.services.kafka_broker import KafkaBroker
 from rtrec.services.redis_server import RedisServer
-from rtrec.settings import ServicesSettings
 
 Service = KafkaBroker | RedisServer
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 
+from core.settings import ServicesSettings
 from rtrec.services.process import (
     ServiceError,
     read_pid,
@@ -12,7 +13,6 @@ from rtrec.services.process import (
     stop_pid,
     wait_healthy,
 )
-from rtrec.settings import ServicesSettings
 
 NAME = "redis"
 

@@ -11,10 +11,12 @@ from typing import Any
 
 from tqdm import tqdm
 
-from rtrec.settings import Settings
+from core.kafka import ensure_topics, producer_config
+from core.settings import Settings
 from rtrec.sources.replay import ColumnMapping, read_logs
 from rtrec.sources.synthetic import SyntheticEvents
-from schemas.kafka_io import AvroProducer, ensure_topics, producer_config
+from schemas.dead_letter import dead_letter
+from schemas.kafka_io import AvroProducer
 
 
 @dataclass
@@ -97,8 +99,6 @@ def produce_replay(settings: Settings, paths: Path | Sequence[Path], mapping: Co
         for r in rejected:
             if report is not None:
                 report(f"{r.source}:{r.line}: rejected: {r.reason}")
-            dead.produce({"stage": "replay", "reason": f"{r.source}:{r.line}: {r.reason}", "source_topic": None,
-                          "source_partition": None, "source_offset": None, "key": None,
-                          "value": r.raw.encode(), "detected_at": now})
+            dead.produce(dead_letter("replay", r.as_reject(), now))
         dead.flush()
     return ProduceSummary(n_rows, produced, len(rejected), time.monotonic() - began)

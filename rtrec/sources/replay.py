@@ -13,9 +13,11 @@ from __future__ import annotations
 import csv
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from core.log_range import parse_time_ms
+from schemas.dead_letter import Reject
 
 Event = dict[str, Any]
 
@@ -48,36 +50,14 @@ class ColumnMapping:
 
 
 @dataclass
-class Rejected:
+class RejectedRow:
     line: int
     reason: str
     raw: str
     source: str = ""  # which file, when several are replayed together
 
-
-def parse_time_ms(value: str) -> int:
-    """Epoch seconds, milliseconds or microseconds (by magnitude), or an ISO-8601 timestamp.
-
-    >>> parse_time_ms("2019-11-24 00:00:34.762830+00:00")
-    1574553634762
-    >>> parse_time_ms("1659304800")
-    1659304800000
-    """
-    text = value.strip()
-    try:
-        number = float(text)
-    except ValueError:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        if parsed.tzinfo is None:
-            raise ValueError(f"timestamp {text!r} has no time zone") from None
-        return int(parsed.timestamp() * 1000)
-    if number != number or number in (float("inf"), float("-inf")):
-        raise ValueError(f"timestamp {text!r} is not a number")
-    if abs(number) >= 1e14:
-        return int(number // 1000)  # microseconds
-    if abs(number) >= 1e11:
-        return int(number)  # milliseconds
-    return int(number * 1000)  # seconds
+    def as_reject(self) -> Reject:
+        return Reject(f"{self.source}:{self.line}: {self.reason}", value=self.raw.encode())
 
 
 def _required(row: Mapping[str, Any], column: str) -> str:
@@ -149,24 +129,24 @@ def _rows(path: Path) -> Iterator[tuple[int, Mapping[str, Any], str]]:
 
 
 def read_log(path: Path, mapping: ColumnMapping, source: str | None = None,
-             item_prefix: str = "") -> tuple[list[Event], list[Rejected], int]:
+             item_prefix: str = "") -> tuple[list[Event], list[RejectedRow], int]:
     """Events sorted by event time (stable), the rejected rows, and the number of rows read.
     `source` names the file in default event ids (its name); `item_prefix` is put before item ids."""
     if not path.is_file():
         raise FileNotFoundError(f"log file {path} does not exist")
     source = source or path.name
     events: list[Event] = []
-    rejected: list[Rejected] = []
+    rejected: list[RejectedRow] = []
     n_rows = 0
     for line, row, raw in _rows(path):
         n_rows += 1
         if "__error__" in row:
-            rejected.append(Rejected(line, str(row["__error__"]), raw, source))
+            rejected.append(RejectedRow(line, str(row["__error__"]), raw, source))
             continue
         try:
             events.extend(parse_row(row, mapping, line, source))
         except (ValueError, KeyError, OverflowError) as exc:
-            rejected.append(Rejected(line, str(exc) or type(exc).__name__, raw, source))
+            rejected.append(RejectedRow(line, str(exc) or type(exc).__name__, raw, source))
     if item_prefix:
         for e in events:
             e["item_id"] = item_prefix + e["item_id"]
@@ -175,7 +155,7 @@ def read_log(path: Path, mapping: ColumnMapping, source: str | None = None,
 
 
 def read_logs(paths: Sequence[Path], mapping: ColumnMapping,
-              items_by_file: bool = False) -> tuple[list[Event], list[Rejected], int]:
+              items_by_file: bool = False) -> tuple[list[Event], list[RejectedRow], int]:
     """Several logs merged into one event-time order (replaying them one after another would make
     the second file's events late). Each file is named by the shortest tail of its path that tells
     it apart from the others, so default event ids stay unique. `items_by_file` puts the file's stem
@@ -186,7 +166,7 @@ def read_logs(paths: Sequence[Path], mapping: ColumnMapping,
     ['random/all/all.csv', 'bts/all/all.csv', 'men.csv']
     """
     events: list[Event] = []
-    rejected: list[Rejected] = []
+    rejected: list[RejectedRow] = []
     n_rows = 0
     for path, source in zip(paths, sources(paths), strict=True):
         got, bad, n = read_log(path, mapping, source, f"{path.stem}:" if items_by_file else "")

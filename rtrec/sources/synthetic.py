@@ -7,7 +7,7 @@ a click follows after an exponential delay and carries a dwell time that grows w
 clicked item is liked with probability `like_rate`. A small fraction of events arrive late
 (out of order) by up to `out_of_order_max_ms`. The same seed and start time give the same events.
 
->>> from rtrec.settings import SyntheticSettings
+>>> from core.settings import SyntheticSettings
 >>> a = generate(SyntheticSettings(seed=1, n_users=10, n_items=20), start_ms=0, n=50)
 >>> b = generate(SyntheticSettings(seed=1, n_users=10, n_items=20), start_ms=0, n=50)
 >>> a == b and len(a) == 50
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from rtrec.settings import SyntheticSettings
+from core.settings import SyntheticSettings
 
 Event = dict[str, Any]
 CHUNK = 2048

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import redis
 
+from core.settings import Settings
 from feature_store.base import UNKNOWN_WINDOW_END
-from feature_store.feature_set import names_for
 from feature_store.keys import entity_key
 from feature_store.redis_store import RedisFeatureStore
-from rtrec.settings import Settings
+from schemas.feature_set import names_for
 
 pytestmark = pytest.mark.integration
 

@@ -7,15 +7,16 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from core.kafka import ensure_topics, producer_config
+from core.settings import Settings
 from flink_jobs.runner import start_job
-from rtrec.settings import Settings
-from schemas.kafka_io import AvroProducer, ConsumedBatch, ensure_topics, producer_config, read_topic
+from schemas.kafka_io import AvroProducer, ConsumedBatch, read_topic
 
 T = 1_699_999_998_000  # a multiple of 3000 ms: window edges fall on round offsets from it
 
 
 def job_settings(settings: Settings, **flink: Any) -> Settings:
-    f = settings.flink.model_copy(update={"horizons_s": (6,), "horizon_slides_s": (3,), "checkpoint_interval_ms": 1000,
+    f = settings.flink.model_copy(update={"horizons_s": (6,), "checkpoint_interval_ms": 1000,
                                           "group_id": f"job-{settings.redis.key_prefix}", **flink})
     return settings.model_copy(update={"flink": f})
 

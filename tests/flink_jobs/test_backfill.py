@@ -10,11 +10,11 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from feature_store.keys import model_pointer_key
+from core.settings import Settings
 from feature_store.redis_store import RedisFeatureStore
+from gpu_trainer.model_registry import model_pointer_key
 from gpu_trainer.snapshots import SnapshotStore
 from rtrec.cli.main import cli
-from rtrec.settings import Settings
 from schemas.kafka_io import read_topic
 from tests.flink_jobs.harness import T, create_topics, event, job_settings, produce
 
@@ -22,8 +22,8 @@ pytestmark = pytest.mark.integration
 
 
 def _env(s: Settings, short_horizons: bool = True) -> dict[str, str]:
-    # samples need the feature set's horizons (60 s, 600 s); features alone run faster with one of 6 s
-    horizons = {"RTREC_FLINK__HORIZONS_S": "[6]", "RTREC_FLINK__HORIZON_SLIDES_S": "[3]"} if short_horizons else {}
+    # features alone run faster with one 6 s horizon (hopping by the base window); samples keep the feature set's
+    horizons = {"RTREC_FLINK__HORIZONS_S": "[6]"} if short_horizons else {}
     return {"RTREC_KAFKA__BOOTSTRAP_SERVERS": s.kafka.bootstrap_servers, "RTREC_REDIS__URL": s.redis.url,
             "RTREC_REDIS__KEY_PREFIX": s.redis.key_prefix, **horizons, "RTREC_FLINK__CHECKPOINT_INTERVAL_MS": "1000",
             "RTREC_FLINK__ATTRIBUTION_WINDOW_S": "5", "RTREC_TRAINER__SNAPSHOT_DIR": str(s.trainer.snapshot_dir),
@@ -63,7 +63,7 @@ def test_backfill_time_range(settings: Settings) -> None:
 
 
 def test_backfill_with_training_leaves_the_live_model_alone(settings: Settings, tmp_path: object) -> None:
-    s = job_settings(settings, horizons_s=(60, 600), horizon_slides_s=(3, 30))
+    s = job_settings(settings, horizons_s=None)
     s = s.model_copy(update={"trainer": s.trainer.model_copy(update={"snapshot_dir": tmp_path / "snapshots"})})
     create_topics(s, partitions=2)
     events = []

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from core.settings import Settings
 from rtrec.services.flink_cluster import FlinkCluster
-from rtrec.settings import Settings
 from schemas.kafka_io import ConsumedBatch
 from tests.flink_jobs.harness import create_topics, event, job_settings, produce, running_job, wait_for
 from tests.infra import free_port, local_services_settings
@@ -47,7 +47,7 @@ def test_cluster_submission_matches_embedded(settings: Settings, tmp_path: Path)
         c = clustered
         env = {"RTREC_KAFKA__BOOTSTRAP_SERVERS": c.kafka.bootstrap_servers,
                **{f"RTREC_KAFKA__TOPICS__{k.upper()}": v for k, v in c.kafka.topics.model_dump().items()},
-               "RTREC_FLINK__HORIZONS_S": "[6]", "RTREC_FLINK__HORIZON_SLIDES_S": "[3]",
+               "RTREC_FLINK__HORIZONS_S": "[6]",
                "RTREC_FLINK__CHECKPOINT_INTERVAL_MS": "1000",
                "RTREC_FLINK__GROUP_ID": f"cluster-{uuid.uuid4().hex[:6]}",
                "RTREC_FLINK__CHECKPOINT_DIR": str(tmp_path / "cluster-checkpoints")}

@@ -11,9 +11,9 @@ import pytest
 from fastavro import parse_schema, schemaless_writer
 
 import flink_jobs.ddl
+from core.settings import Settings
 from flink_jobs.environment import table_environment
 from flink_jobs.feature_job import decode_args
-from rtrec.settings import Settings
 from schemas.registry import AvroSchema, history, schema
 
 pytestmark = pytest.mark.integration

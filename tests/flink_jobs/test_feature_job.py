@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import Producer
 
-from rtrec.settings import Settings
+from core.settings import Settings
 from tests.flink_jobs.harness import T, create_topics, event, job_settings, produce, running_job, wait_for
 
 pytestmark = pytest.mark.integration

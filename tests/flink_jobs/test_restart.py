@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from feature_store.loader import run_loader
+from core.kafka import producer_config
+from core.settings import Settings
+from feature_store.loader import LoaderConfig, run_loader
 from feature_store.redis_store import RedisFeatureStore
 from flink_jobs.runner import latest_checkpoint
-from rtrec.settings import Settings
-from schemas.kafka_io import AvroProducer, producer_config, read_topic
+from schemas.kafka_io import AvroProducer, read_topic
 from tests.flink_jobs.harness import create_topics, event, job_settings, produce, running_job, wait_for
 from tests.flink_jobs.test_cluster import renamed
 
@@ -31,8 +32,8 @@ def window_keys(records: list[dict]) -> list[tuple]:
 def load_into_redis(s: Settings, isolation_level: str = "read_committed") -> dict[bytes, dict]:
     prefix = s.redis.key_prefix + ("" if isolation_level == "read_committed" else "-" + isolation_level)
     store = RedisFeatureStore(s.redis.url, prefix, 600)
-    run_loader(s.kafka.bootstrap_servers, s.kafka.topics.features, s.kafka.topics.dead_letter,
-               f"loader-{prefix}", store, idle_exit_s=3.0, partitions=1, isolation_level=isolation_level)
+    run_loader(LoaderConfig.from_settings(s, group_id=f"loader-{prefix}", partitions=1,
+                                          isolation_level=isolation_level), store, idle_exit_s=3.0)
     keys = sorted(store.client.scan_iter(f"{prefix}:f:*"))
     return {k.split(b":f:", 1)[1]: store.client.hgetall(k) for k in keys}
 

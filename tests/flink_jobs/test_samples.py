@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from feature_store.feature_set import FEATURE_NAMES
-from rtrec.settings import Settings
+from core.settings import Settings
+from schemas.feature_set import FEATURE_NAMES
 from tests.flink_jobs.harness import T, create_topics, event, job_settings, produce, running_job, wait_for
 
 pytestmark = pytest.mark.integration
 
 
 def test_labels_and_point_in_time_features(settings: Settings) -> None:
-    s = job_settings(settings, horizons_s=(60, 600), horizon_slides_s=(3, 30), attribution_window_s=5)
+    s = job_settings(settings, horizons_s=None, attribution_window_s=5)
     create_topics(s)
     events = [
         event("a1", "impression", "u1", "i1", 100), event("a2", "click", "u1", "i1", 200),

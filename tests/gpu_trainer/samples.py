@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from feature_store.feature_set import FEATURE_NAMES, FEATURE_SET
+from core.kafka import ensure_topics, producer_config
+from core.settings import Settings
 from gpu_trainer.batch import hash_ids
-from rtrec.settings import Settings
-from schemas.kafka_io import AvroProducer, ensure_topics, producer_config
+from schemas.feature_set import FEATURE_NAMES, FEATURE_SET
+from schemas.kafka_io import AvroProducer
 
 
 def make_samples(n: int, seed: int = 0, start: int = 0, random_labels: bool = False,

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from core.settings import Settings
 from gpu_trainer.snapshots import SnapshotStore
-from rtrec.settings import Settings
 from tests.gpu_trainer.samples import digest, make_samples, produce_samples
-from tests.gpu_trainer.test_service import env_of
+from tests.gpu_trainer.test_service_kafka import env_of
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).parents[2]

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
+from core.settings import TrainerSettings
 from gpu_trainer.batch import Columns
 from gpu_trainer.learner import Learner
-from gpu_trainer.metrics import auc
 from gpu_trainer.models import build_model
-from rtrec.settings import TrainerSettings
+from gpu_trainer.prequential import auc
 
 BUCKETS = 4096
 

@@ -1,172 +1,141 @@
-"""The trainer service against the real broker and Redis."""
+"""The trainer service's logic with in-memory I/O (tests/gpu_trainer/fakes.py): no broker, no Redis.
+The same service against Kafka and Redis: test_service_kafka.py."""
 
 from __future__ import annotations
 
-import json
 import math
-import urllib.request
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
-from click.testing import CliRunner
-from confluent_kafka import Producer
 
-from feature_store.redis_store import RedisFeatureStore
-from gpu_trainer.loop import TrainerService
-from gpu_trainer.onnx_export import export_onnx
-from gpu_trainer.registry import ModelRegistry
-from gpu_trainer.scoring import feature_matrix, load_current
+from core.settings import TrainerSettings
+from gpu_trainer.service import TrainerService
 from gpu_trainer.snapshots import SnapshotStore
-from rtrec.cli.main import cli
-from rtrec.settings import Settings
-from schemas.kafka_io import read_topic
-from tests.gpu_trainer.samples import digest, make_samples, produce_samples
-from tests.infra import free_port
-
-pytestmark = pytest.mark.integration
+from schemas.dead_letter import Reject
+from tests.gpu_trainer.fakes import TOPIC, ListOutputs, ListSource, MemoryPointer
+from tests.gpu_trainer.samples import digest, make_samples
 
 
-def trainer_settings(settings: Settings, tmp_path: Path, **kw: object) -> Settings:
-    trainer = settings.trainer.model_copy(update={
-        "snapshot_dir": tmp_path / "snapshots", "user_buckets": 4096, "item_buckets": 4096, "batch_size": 200,
-        "lr": 0.05, "dense_lr": 0.05,
-        "batch_timeout_ms": 200, "snapshot_every_samples": 2000, "snapshot_every_s": 60.0, "eval_window": 2000,
-        "group_id": f"trainer-{tmp_path.name}", **kw})
-    return settings.model_copy(update={"trainer": trainer})
+def config(tmp_path: Path, **kw: object) -> TrainerSettings:
+    return TrainerSettings(**{"snapshot_dir": tmp_path / "snapshots", "user_buckets": 4096, "item_buckets": 4096,
+                              "batch_size": 200, "batch_timeout_ms": 0, "lr": 0.05, "dense_lr": 0.05,
+                              "snapshot_every_samples": 1000, "snapshot_every_s": 3600.0, "eval_window": 2000,
+                              **kw})
 
 
-def env_of(s: Settings) -> dict[str, str]:
-    return {"RTREC_KAFKA__BOOTSTRAP_SERVERS": s.kafka.bootstrap_servers, "RTREC_REDIS__URL": s.redis.url,
-            "RTREC_REDIS__KEY_PREFIX": s.redis.key_prefix, "RTREC_TRAINER__SNAPSHOT_DIR": str(s.trainer.snapshot_dir),
-            **{f"RTREC_KAFKA__TOPICS__{k.upper()}": v for k, v in s.kafka.topics.model_dump().items()}}
+def service(cfg: TrainerSettings, source: ListSource, pointer: MemoryPointer | None = None,
+            outputs: ListOutputs | None = None) -> TrainerService:
+    return TrainerService(cfg, source, outputs or ListOutputs(), pointer or MemoryPointer(),
+                          SnapshotStore(cfg.snapshot_dir))
 
 
-def test_trains_every_sample_once_dead_letters_bad_ones_and_publishes(settings: Settings, tmp_path: Path) -> None:
-    s = trainer_settings(settings, tmp_path, metrics_port=free_port())
-    good = make_samples(5000)
-    bad = [dict(make_samples(1, start=90_000)[0], features=[math.nan] * 20),
-           dict(make_samples(1, start=90_001)[0], features=[1.0, 2.0]),
-           dict(make_samples(1, start=90_002)[0], features=[math.inf] + [0.0] * 19)]
-    produce_samples(s, good[:2500] + bad + good[2500:])
-    raw = Producer({"bootstrap.servers": s.kafka.bootstrap_servers})
-    raw.produce(s.kafka.topics.samples, value=b"\x00garbage")
-    raw.flush(10)
+def test_trains_every_sample_once_and_dead_letters_the_rest(tmp_path: Path) -> None:
+    good = make_samples(3000)
+    bad = [dict(make_samples(1, start=9000)[0], features=[math.nan] * 20),
+           dict(make_samples(1, start=9001)[0], features=[1.0, 2.0]),
+           dict(make_samples(1, start=9002)[0], label=3)]
+    source = ListSource({0: good[:1500] + bad[:2], 1: [Reject("undecodable", value=b"\x00")] + good[1500:] + bad[2:]})
+    outputs, pointer = ListOutputs(), MemoryPointer()
+    trainer = service(config(tmp_path), source, pointer, outputs)
+    summary = trainer.run(should_stop=lambda: source.lag() == 0)
 
-    service = TrainerService(s)
-    summary = service.run(idle_exit_s=3.0)
-    assert summary.samples_trained == 5000 and summary.dead_lettered == 4
-    store = SnapshotStore(s.trainer.snapshot_dir)
-    last = store.manifest(store.latest_version())
-    assert last.samples_seen == 5000 and last.sample_digest == digest(good)
-    assert sum(o["offset"] for o in last.offsets) == 5004
-    assert last.metrics["auc"] > 0.6
-    # 50 users and 80 items in 4096 rows: a few may share one (birthday bound), most do not
-    assert 0.0 <= last.metrics["user_collision_rate"] < 0.1 and 0.0 <= last.metrics["item_collision_rate"] < 0.1
-
-    announced = read_topic(s.kafka.bootstrap_servers, s.kafka.topics.snapshots, "ModelSnapshot").records
-    assert [r["version"] for r in announced] == summary.snapshots
-    assert announced[-1]["manifest_sha256"] == store.manifest_sha256(last.version)
-    assert ModelRegistry(store, s.redis.url, s.redis.key_prefix).current_version() == summary.promoted[-1]
-
-    dead = read_topic(s.kafka.bootstrap_servers, s.kafka.topics.dead_letter, "DeadLetter").records
-    reasons = sorted(d["reason"] for d in dead)
-    assert any("non-finite feature value" in r and "s90000" in r for r in reasons)
+    assert summary.samples_trained == 3000 and summary.dead_lettered == 4
+    last = trainer.store.manifest(trainer.store.latest_version())
+    assert last.sample_digest == digest(good)
+    assert {(o["partition"], o["offset"]) for o in last.offsets} == {(0, 1502), (1, 1502)}
+    reasons = sorted(r.reason for r in outputs.dead)
+    assert any("s9000" in r and "non-finite" in r for r in reasons)
     assert any("expected 20 features, got 2" in r for r in reasons)
-    assert any("s90002" in r for r in reasons)
-    assert any(r.startswith("missing rtrec-schema header") for r in reasons)
-
-    scraped = urllib.request.urlopen(f"http://127.0.0.1:{s.trainer.metrics_port}/metrics", timeout=5).read().decode()
-    for name in ("rtrec_trainer_samples_total 5000.0", "rtrec_trainer_dead_lettered_total 4.0",
-                 "rtrec_trainer_prequential_auc", "rtrec_trainer_consumer_lag", "rtrec_trainer_batch_seconds_bucket",
-                 f"rtrec_trainer_snapshot_version {float(last.version)}", "rtrec_trainer_freshness_seconds",
-                 "rtrec_trainer_samples_per_second", "rtrec_trainer_prequential_logloss",
-                 'rtrec_trainer_embedding_collision_rate{table="user"}'):
-        assert name in scraped, name
+    assert any("s9002" in r and "label 3" in r for r in reasons)
+    assert any(r == "undecodable" for r in reasons)
+    assert [a["version"] for a in outputs.announced] == summary.snapshots
+    assert pointer.current == summary.promoted[-1]
+    assert source.commits[-1] == {(TOPIC, 0): 1502, (TOPIC, 1): 1502} and source.closed
 
 
-def test_restart_resumes_from_the_snapshot_offsets(settings: Settings, tmp_path: Path) -> None:
-    s = trainer_settings(settings, tmp_path)
-    samples = make_samples(6000)
-    produce_samples(s, samples)
-    first = TrainerService(s).run(max_samples=2000)
-    assert 2000 <= first.samples_trained < 6000
-    second = TrainerService(s)
-    assert second.resumed_from == first.snapshots[-1]
-    summary = second.run(idle_exit_s=3.0)
-    assert summary.samples_trained == 6000
-    store = SnapshotStore(s.trainer.snapshot_dir)
+def test_restart_resumes_from_the_snapshot_offsets(tmp_path: Path) -> None:
+    cfg, samples = config(tmp_path), make_samples(4000)
+    partitions = {0: samples[:2000], 1: samples[2000:]}
+    first = service(cfg, ListSource(partitions)).run(max_samples=1000)
+    assert 1000 <= first.samples_trained < 4000
+
+    source = ListSource(partitions)
+    second = service(cfg, source)
+    assert second.resume() == first.snapshots[-1]
+    summary = second.run(should_stop=lambda: source.lag() == 0)
+    assert source.started_at == SnapshotStore(cfg.snapshot_dir).manifest(first.snapshots[-1]).offsets_by_partition()
+    assert summary.samples_trained == 4000
+    store = SnapshotStore(cfg.snapshot_dir)
     assert store.manifest(store.latest_version()).sample_digest == digest(samples)
 
 
-def test_metric_gate_keeps_a_worse_snapshot_unpromoted_and_rollback(settings: Settings, tmp_path: Path) -> None:
-    s = trainer_settings(settings, tmp_path, promotion_margin=0.02)
-    produce_samples(s, make_samples(6000, seed=1))
-    good = TrainerService(s).run(idle_exit_s=3.0)
-    assert good.promoted == good.snapshots
-    produce_samples(s, make_samples(4000, seed=2, start=10_000, random_labels=True))
-    worse = TrainerService(s).run(idle_exit_s=3.0)
-    store = SnapshotStore(s.trainer.snapshot_dir)
-    assert worse.snapshots and not store.manifest(worse.snapshots[-1]).promoted
-    registry = ModelRegistry(store, s.redis.url, s.redis.key_prefix)
-    assert registry.current_version() == good.promoted[-1]
-
-    runner = CliRunner()
-    result = runner.invoke(cli, ["model", "rollback", "--to", str(good.snapshots[0])], env=env_of(s))
-    assert result.exit_code == 0, result.output
-    assert registry.current_version() == good.snapshots[0]
-    listing = runner.invoke(cli, ["model", "list"], env=env_of(s)).output
-    assert any(line.startswith("*") and f" {good.snapshots[0]} " in line for line in listing.splitlines())
-    missing = runner.invoke(cli, ["model", "rollback", "--to", "999"], env=env_of(s))
-    assert missing.exit_code != 0 and "no snapshot v999" in missing.output
-
-
-def test_score_cli_and_onnx_match_pytorch(settings: Settings, tmp_path: Path) -> None:
-    s = trainer_settings(settings, tmp_path, model="deepfm")
-    produce_samples(s, make_samples(3000))
-    TrainerService(s).run(idle_exit_s=3.0)
-    features = RedisFeatureStore(s.redis.url, s.redis.key_prefix, 600)
-    features.write_batch([
-        {"entity_type": et, "entity_id": eid, "horizon_s": h, "window_start": 0, "window_end": 60_000,
-         "impressions": 10 + k, "clicks": k, "likes": 1, "carts": 0, "orders": 0, "ctr": k / (10 + k),
-         "dwell_sum_ms": 1000 * k, "dwell_mean_ms": 1000.0, "distinct_counterparts": 3}
-        for k, (et, eid) in enumerate([("user", "u1"), ("item", "i1"), ("item", "i2")]) for h in (60, 600)])
-    result = CliRunner().invoke(cli, ["model", "score", "--user", "u1", "--items", "i1,i2,i-unknown"], env=env_of(s))
-    assert result.exit_code == 0, result.output
-    printed = dict(line.split("\t") for line in result.output.splitlines()[1:])
-
-    loaded = load_current(ModelRegistry(SnapshotStore(s.trainer.snapshot_dir), s.redis.url, s.redis.key_prefix))
-    dense = feature_matrix(features, "u1", ["i1", "i2", "i-unknown"])
-    assert dense[0, 0] == 10.0 and dense[2, 10:].sum() == 0.0  # the unknown item's features are zeros
-    expected = loaded.score_arrays(["u1"] * 3, ["i1", "i2", "i-unknown"], dense)
-    assert [float(printed[i]) for i in ("i1", "i2", "i-unknown")] == pytest.approx(expected.tolist(), abs=1e-6)
-
-    path = export_onnx(loaded, tmp_path / "model.onnx")
-    from gpu_trainer.batch import bucket
-
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    ids = [f"u{k}" for k in range(64)], [f"i{k}" for k in range(64)]
-    dense = np.random.default_rng(0).random((64, 20)).astype(np.float32) * 50
-    onnx_scores = session.run(None, {"user_idx": bucket(ids[0], loaded.user_buckets),
-                                     "item_idx": bucket(ids[1], loaded.item_buckets), "dense": dense})[0]
-    np.testing.assert_allclose(onnx_scores, loaded.score_arrays(ids[0], ids[1], dense), rtol=1e-5, atol=1e-6)
-
-
-def test_checkpoint_order(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    s = trainer_settings(settings, tmp_path)
-    service = TrainerService(s)
+def test_checkpoint_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trainer = service(config(tmp_path), ListSource({0: []}))
     calls: list[str] = []
-    for obj, name, label in [(service.store, "write", "snapshot files"), (service.outputs, "announce", "kafka record"),
-                             (service.registry, "set_current", "redis pointer"),
-                             (service.learner, "consolidate", "ewc consolidate"),
-                             (service.source, "commit", "offsets commit"), (service.store, "prune", "prune")]:
+    for obj, name, label in [(trainer.store, "write", "snapshot files"), (trainer.outputs, "announce", "announcement"),
+                             (trainer.pointer, "set_current", "pointer"),
+                             (trainer.learner, "consolidate", "ewc consolidate"),
+                             (trainer.source, "commit", "offsets commit"), (trainer.store, "prune", "prune")]:
         real = getattr(obj, name)
         monkeypatch.setattr(obj, name, lambda *a, _real=real, _label=label, **k: (calls.append(_label),
                                                                                   _real(*a, **k))[1])
-    service.positions = {(s.kafka.topics.samples, 0): 0}
-    assert service.checkpoint().promoted
-    service.finish_publication()
-    assert calls == ["ewc consolidate", "snapshot files", "kafka record", "redis pointer", "offsets commit", "prune"]
-    service.source.close()
-    assert json.loads((service.store.path(1) / "manifest.json").read_text())["version"] == 1
+    trainer.positions = {(TOPIC, 0): 0}
+    assert trainer.checkpoint().promoted
+    trainer.publisher.finish()
+    assert calls == ["ewc consolidate", "snapshot files", "announcement", "pointer", "offsets commit", "prune"]
+
+
+def _scores(prequential: object, auc_wanted: float, n: int = 1000) -> None:
+    """Feeds `n` scored samples whose AUC is about `auc_wanted` (scores = label mixed with noise)."""
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, n).astype(np.float64)
+    noise = rng.random(n)
+    mix = 2 * (auc_wanted - 0.5)  # 0: pure noise (0.5), 1: the label itself (1.0)
+    prequential.update(np.where(rng.random(n) < mix, labels, noise), labels)  # type: ignore[attr-defined]
+
+
+def test_the_gate_judges_the_weights_it_publishes(tmp_path: Path) -> None:
+    """The trained weights score well, the published (EMA) ones badly: the snapshot of those published
+    weights must not replace a better current one, whatever the trained weights' AUC."""
+    trainer = service(config(tmp_path, promotion_margin=0.02), ListSource({0: []}))
+    learner = trainer.learner
+    assert learner.published_prequential is not learner.prequential  # EMA on: two sets of scores
+    _scores(learner.published_prequential, 0.80)
+    _scores(learner.prequential, 0.80)
+    trainer.positions = {(TOPIC, 0): 0}
+    first = trainer.checkpoint()
+    assert first is not None and first.promoted
+    trainer.publisher.finish()
+
+    learner.published_prequential = type(learner.published_prequential)(learner.cfg.eval_window)
+    learner.prequential = type(learner.prequential)(learner.cfg.eval_window)
+    _scores(learner.published_prequential, 0.60)
+    _scores(learner.prequential, 0.95)
+    second = trainer.checkpoint()
+    trainer.publisher.finish()
+    assert second is not None and not second.promoted
+    assert second.metrics["auc"] == pytest.approx(learner.published_prequential.auc())
+    assert second.metrics["trained_auc"] == pytest.approx(learner.prequential.auc())
+    assert second.metrics["trained_auc"] > first.metrics["auc"] > second.metrics["auc"]
+    assert trainer.pointer.current_version() == first.version
+
+
+def test_published_scores_come_from_the_published_weights(tmp_path: Path) -> None:
+    """With a slow EMA the published weights are not the trained ones, and neither are their scores."""
+    cfg = config(tmp_path, ema_momentum=0.999)
+    source = ListSource({0: make_samples(4000)})
+    trainer = service(cfg, source)
+    trainer.run(should_stop=lambda: source.lag() == 0)
+    last = trainer.store.manifest(trainer.store.latest_version())
+    assert abs(last.metrics["trained_auc"] - last.metrics["auc"]) > 0.005
+    assert last.metrics["auc"] == pytest.approx(trainer.learner.published_prequential.auc())
+
+
+def test_without_ema_the_published_weights_are_the_trained_ones(tmp_path: Path) -> None:
+    source = ListSource({0: make_samples(1200)})
+    trainer = service(config(tmp_path, ema_enabled=False), source)
+    trainer.run(should_stop=lambda: source.lag() == 0)
+    assert trainer.learner.published_prequential is trainer.learner.prequential
+    last = trainer.store.manifest(trainer.store.latest_version())
+    assert last.metrics["auc"] == last.metrics["trained_auc"]

@@ -7,8 +7,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from core.settings import Settings
 from rtrec.cli.main import cli
-from rtrec.settings import Settings
 
 pytestmark = pytest.mark.integration
 

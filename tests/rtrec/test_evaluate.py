@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.settings import Settings
 from rtrec.evaluation import compare, pipeline_samples, write_report
-from rtrec.settings import Settings
 from rtrec.sources.replay import ColumnMapping
 
 pytestmark = pytest.mark.integration

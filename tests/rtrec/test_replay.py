@@ -4,9 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from rtrec.settings import Settings
+from core.log_range import parse_time_ms
+from core.settings import Settings
 from rtrec.sources.produce import produce_replay
-from rtrec.sources.replay import ColumnMapping, parse_time_ms, read_log
+from rtrec.sources.replay import ColumnMapping, read_log
 from schemas.kafka_io import read_topic
 
 DATA = Path(__file__).parents[1] / "data"

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from rtrec.settings import Settings, load_settings
+from core.settings import Settings, load_settings
 
 
 def test_defaults() -> None:

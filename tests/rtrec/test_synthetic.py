@@ -4,7 +4,7 @@ from collections import Counter
 
 import numpy as np
 
-from rtrec.settings import SyntheticSettings
+from core.settings import SyntheticSettings
 from rtrec.sources.synthetic import generate
 
 CFG = SyntheticSettings(seed=11, n_users=300, n_items=1000)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import Producer
 
-from rtrec.settings import Settings
-from schemas.kafka_io import AvroProducer, ensure_topics, producer_config, read_topic
+from core.kafka import ensure_topics, producer_config
+from core.settings import Settings
+from schemas.kafka_io import AvroProducer, read_topic
 from tests.schemas.test_serde import EXAMPLES
 
 pytestmark = pytest.mark.integration
@@ -39,5 +40,5 @@ def test_foreign_records_are_rejected_with_reason_not_raised(settings: Settings)
 
     got = read_topic(settings.kafka.bootstrap_servers, topic, "InteractionEvent", timeout_s=30)
     assert got.records == [EXAMPLES["InteractionEvent"]]
-    reasons = [r[3] for r in got.rejected]
+    reasons = [r.reason for r in got.rejected]
     assert reasons == ["missing rtrec-schema header", "unknown InteractionEvent schema fingerprint deadbeefdeadbeef"]

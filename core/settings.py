@@ -46,7 +46,8 @@ class ServicesSettings(Section):
     stop_timeout_s: float = 20.0
 
     @property
-    def jars_dir(self) -> Path:
+    def jar_cache_dir(self) -> Path:
+        """Where Maven-resolved jars and the built UDF jar are cached."""
         return self.cache_dir / "jars"
 
 
@@ -64,10 +65,6 @@ class TopicSettings(Section):
         'rtrec.interactions.t1'
         """
         return self.model_copy(update={k: f"{v}.{suffix}" for k, v in self.model_dump().items()})
-
-    def under(self, prefix: str) -> TopicSettings:
-        """Every topic named `prefix` + its role (`events`, `features`, ...): a namespace for one run."""
-        return self.model_copy(update={k: f"{prefix}{k}" for k in self.model_dump()})
 
 
 class KafkaSettings(Section):
@@ -110,8 +107,10 @@ class FlinkSettings(Section):
 
     parallelism: int = 1
     window_s: int = 3
-    horizons_s: tuple[int, ...] = (60, 600)
-    horizon_slides_s: tuple[int, ...] = (3, 30)
+    # Long horizons of the features topic; None: the feature set's (schemas/feature_set.py), which the
+    # samples always use. A horizon's hop is its entry in horizon_slides_s, else window_s.
+    horizons_s: tuple[int, ...] | None = None
+    horizon_slides_s: dict[int, int] = Field(default_factory=lambda: {60: 3, 600: 30})
     watermark_delay_ms: int = 2_000
     idle_timeout_ms: int = 5_000
     # How often sources emit watermarks and how long a half-full network buffer may wait: both add
@@ -126,7 +125,7 @@ class FlinkSettings(Section):
     jvm_heap: str = "1g"
     checkpoint_dir: Path = Field(default_factory=lambda: _default_cache_dir() / "flink-checkpoints")
     log_dir: Path = Field(default_factory=lambda: _default_cache_dir() / "flink-logs")
-    jars_dir: Path | None = None  # pre-built jars (container images); None: resolve with Maven, build the UDFs
+    prebuilt_jars_dir: Path | None = None  # jars baked into an image; None: resolve with Maven, build the UDFs
     loader_group_id: str = "rtrec-redis-loader"
     loader_batch: int = 20_000
     # read_uncommitted: Redis sees a window as soon as the job sends it, not at the next checkpoint.
@@ -182,6 +181,31 @@ class Settings(BaseSettings):
     synthetic: SyntheticSettings = SyntheticSettings()
     trainer: TrainerSettings = TrainerSettings()
     flink: FlinkSettings = FlinkSettings()
+
+    def namespaced(self, run_id: str, topics: tuple[str, ...] | None = None, redis: bool = True) -> Settings:
+        """The settings of one isolated run (demo, backfill, evaluation, benchmark): `topics` (roles,
+        every one by default) suffixed `.<run_id>`, every consumer group, the checkpoint and snapshot
+        directories, and (unless `redis=False`) the Redis key prefix of its own.
+
+        >>> s = Settings().namespaced("r1", topics=("features",))
+        >>> s.kafka.topics.features, s.kafka.topics.events, s.redis.key_prefix, s.trainer.snapshot_dir.name
+        ('rtrec.features.r1', 'rtrec.interactions', 'rtrec:r1', 'snapshots-r1')
+        """
+        k, f, t = self.kafka, self.flink, self.trainer
+        roles = set(topics if topics is not None else k.topics.model_dump())
+        renamed = {role: f"{name}.{run_id}" for role, name in k.topics.model_dump().items() if role in roles}
+        return self.model_copy(update={
+            "kafka": k.model_copy(update={"topics": k.topics.model_copy(update=renamed)}),
+            "redis": self.redis.model_copy(update={"key_prefix": f"{self.redis.key_prefix}:{run_id}"})
+            if redis else self.redis,
+            "flink": f.model_copy(update={"group_id": f"{f.group_id}-{run_id}",
+                                          "checkpoint_dir": f.checkpoint_dir / run_id,
+                                          "loader_group_id": f"{f.loader_group_id}-{run_id}"}),
+            "trainer": t.model_copy(update={"group_id": f"{t.group_id}-{run_id}",
+                                            "instance_id": f"{t.instance_id}-{run_id}",
+                                            "snapshot_dir": t.snapshot_dir.with_name(
+                                                f"{t.snapshot_dir.name}-{run_id}")}),
+        })
 
     @classmethod
     def settings_customise_sources(

@@ -1,4 +1,8 @@
-"""Which snapshot is current: a version pointer in Redis beside the snapshots on disk."""
+"""Which snapshot is current: a version pointer in Redis beside the snapshots on disk.
+
+>>> model_pointer_key("rtrec")
+'rtrec:model:current'
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,13 @@ from dataclasses import dataclass
 
 import redis
 
-from feature_store.keys import model_pointer_key
+from core.settings import RedisSettings, TrainerSettings
 from gpu_trainer.snapshots import SnapshotError, SnapshotStore
+
+
+def model_pointer_key(prefix: str) -> str:
+    """Where the trainer publishes the current model version."""
+    return f"{prefix}:model:current"
 
 
 @dataclass
@@ -27,6 +36,10 @@ class ModelRegistry:
         self.key = model_pointer_key(key_prefix)
         self._url = redis_url
         self._client: redis.Redis | None = None
+
+    @classmethod
+    def from_settings(cls, trainer: TrainerSettings, redis_settings: RedisSettings) -> ModelRegistry:
+        return cls(SnapshotStore(trainer.snapshot_dir), redis_settings.url, redis_settings.key_prefix)
 
     @property
     def client(self) -> redis.Redis:

@@ -1,4 +1,4 @@
-"""Resolves the jars named by a pom under `maven/` into the cache, once per pom content."""
+"""Resolves the jars named by a pom under `poms/` into the cache, once per pom content."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from rtrec.services.process import ServiceError
+POM_DIR = Path(__file__).parent / "poms"
 
-POM_DIR = Path(__file__).parent / "maven"
+
+class MavenError(RuntimeError):
+    """Maven is missing or could not resolve a pom; the message says which and what to install."""
 
 
 def resolve_jars(pom_name: str, jars_root: Path) -> Path:
@@ -21,7 +23,7 @@ def resolve_jars(pom_name: str, jars_root: Path) -> Path:
         return target
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise ServiceError(
+        raise MavenError(
             "Maven (`mvn`) is needed to fetch the Kafka and Flink jars; install it (Debian: apt-get install maven)."
         )
     staging = target.with_name(target.name + ".partial")
@@ -30,7 +32,7 @@ def resolve_jars(pom_name: str, jars_root: Path) -> Path:
            "-DincludeScope=runtime", f"-DoutputDirectory={staging}"]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
-        raise ServiceError(f"Maven could not resolve {pom_name}:\n{result.stdout[-3000:]}{result.stderr[-2000:]}")
+        raise MavenError(f"Maven could not resolve {pom_name}:\n{result.stdout[-3000:]}{result.stderr[-2000:]}")
     (staging / ".complete").write_text(digest)
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
@@ -52,7 +54,7 @@ def resolve_all(jars_root: Path) -> dict[str, Path]:
 
 
 if __name__ == "__main__":
-    from rtrec.settings import load_settings
+    from core.settings import load_settings
 
-    for name, path in resolve_all(load_settings().services.jars_dir).items():
+    for name, path in resolve_all(load_settings().services.jar_cache_dir).items():
         print(f"{name}: {path}")

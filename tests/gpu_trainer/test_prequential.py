@@ -4,7 +4,7 @@ import itertools
 
 import numpy as np
 
-from gpu_trainer.metrics import Prequential, auc, logloss
+from gpu_trainer.prequential import Prequential, auc, logloss
 
 
 def brute_force_auc(scores: np.ndarray, labels: np.ndarray) -> float:

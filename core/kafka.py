@@ -1,0 +1,76 @@
+"""Kafka transport for every package: client configurations, topic creation, and the one batched
+poll loop. Records stay bytes here; `schemas.kafka_io` adds the Avro contracts on top.
+
+All network I/O is batched: producing relies on librdkafka's linger/batching (one `produce` call
+per record only enqueues), consuming uses `consume(num_messages=...)`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message
+from confluent_kafka.admin import AdminClient, NewTopic
+
+
+def ensure_topics(bootstrap: str, topics: Iterable[str], partitions: int = 2, timeout_s: float = 30.0) -> None:
+    """Creates the topics that do not exist yet (replication factor 1: a single-node broker)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    existing = set(admin.list_topics(timeout=timeout_s).topics)
+    missing = [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics if t not in existing]
+    if not missing:
+        return
+    for topic, future in admin.create_topics(missing, request_timeout=timeout_s).items():
+        try:
+            future.result(timeout=timeout_s)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise RuntimeError(f"cannot create topic {topic}: {exc}") from exc
+
+
+def producer_config(bootstrap: str, linger_ms: int = 20, batch_size_bytes: int = 1_000_000,
+                    compression: str = "lz4", **extra: Any) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": bootstrap,
+        "linger.ms": linger_ms,
+        "batch.size": batch_size_bytes,
+        "compression.type": compression,
+        "enable.idempotence": True,
+        "queue.buffering.max.messages": 1_000_000,
+        **extra,
+    }
+
+
+def consumer_config(bootstrap: str, group_id: str, isolation_level: str = "read_committed",
+                    auto_offset_reset: str = "earliest", **extra: Any) -> dict[str, Any]:
+    """Offsets are never committed automatically: every consumer here commits after its work is done."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "group.id": group_id,
+        "auto.offset.reset": auto_offset_reset,
+        "enable.auto.commit": False,
+        "isolation.level": isolation_level,
+        **extra,
+    }
+
+
+def poll_messages(consumer: Consumer, max_records: int, timeout_s: float, fill: bool = False) -> list[Message]:
+    """Up to `max_records` messages within `timeout_s`; end-of-partition events are skipped, errors raised.
+
+    With `fill`, polls again until `max_records` arrived or the time is up (a micro-batch that closes
+    on size or time); without, returns what one fetch brought (as soon as anything arrived).
+    """
+    deadline = time.monotonic() + timeout_s
+    out: list[Message] = []
+    while True:
+        remaining = max(deadline - time.monotonic(), 0.0)
+        for msg in consumer.consume(num_messages=max_records - len(out), timeout=remaining):
+            err = msg.error()
+            if err is None:
+                out.append(msg)
+            elif err.code() != KafkaError._PARTITION_EOF:
+                raise KafkaException(err)
+        if not fill or len(out) >= max_records or remaining <= 0:
+            return out

@@ -1,0 +1,114 @@
+"""The trainer's Kafka side: the samples source (positioned from the snapshot's offsets) and the
+outputs (dead letters, snapshot announcements). Nothing here touches the network before `start`
+or `open`, so building a service is free and its logic is testable without a broker."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+
+from core.kafka import ensure_topics, producer_config
+from core.settings import KafkaSettings, TrainerSettings
+from schemas.dead_letter import Reject, dead_letter
+from schemas.kafka_io import AvroConsumer, AvroProducer, ConsumedBatch
+
+log = logging.getLogger("rtrec.trainer")
+
+
+class KafkaSampleSource:
+    """Consumes TrainingSamples as group `group_id`; every assigned partition starts at the offset
+    given to `start` (the loaded snapshot's), or at the beginning when it has none, so a restart
+    neither skips nor repeats a sample whatever the group's committed offsets say."""
+
+    def __init__(self, bootstrap: str, topic: str, group_id: str, instance_id: str | None = None,
+                 session_timeout_ms: int = 10_000) -> None:
+        self.topic = topic
+        self.start_offsets: dict[tuple[str, int], int] = {}
+        self.assigned: set[int] = set()
+        self._consumer = AvroConsumer(bootstrap, group_id, None, "TrainingSample", keep_rejected_values=True,
+                                      **{"fetch.min.bytes": 1, "session.timeout.ms": session_timeout_ms,
+                                         **({"group.instance.id": instance_id} if instance_id else {})})
+
+    @classmethod
+    def from_settings(cls, kafka: KafkaSettings, trainer: TrainerSettings) -> KafkaSampleSource:
+        return cls(kafka.bootstrap_servers, kafka.topics.samples, trainer.group_id, trainer.instance_id,
+                   trainer.session_timeout_ms)
+
+    def start(self, positions: Mapping[tuple[str, int], int]) -> None:
+        self.start_offsets = dict(positions)
+        self._consumer.raw.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            tp.offset = self.start_offsets.get((tp.topic, tp.partition), OFFSET_BEGINNING)
+            self.assigned.add(tp.partition)
+        consumer.assign(partitions)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self.assigned.discard(tp.partition)
+
+    def poll(self, max_records: int, timeout_s: float) -> ConsumedBatch:
+        return self._consumer.poll_batch(max_records, timeout_s, fill=True)
+
+    def has_partitions(self) -> bool:
+        return bool(self.assigned)
+
+    def seek(self, positions: Mapping[tuple[str, int], int]) -> None:
+        """Moves every assigned partition back to `positions` (the beginning where absent)."""
+        self.start_offsets = dict(positions)
+        for p in sorted(self.assigned):
+            self._consumer.raw.seek(TopicPartition(self.topic, p, self.start_offsets.get((self.topic, p),
+                                                                                         OFFSET_BEGINNING)))
+
+    def lag(self) -> int:
+        """Messages between the consumer's position and the end of its assigned partitions, from the
+        high watermarks the fetches already brought (no broker round trip)."""
+        raw, total = self._consumer.raw, 0
+        for tp in raw.position([TopicPartition(self.topic, p) for p in sorted(self.assigned)]):
+            _low, high = raw.get_watermark_offsets(tp, cached=True)
+            if tp.offset >= 0 and high >= 0:
+                total += max(0, high - tp.offset)
+        return total
+
+    def commit(self, positions: Mapping[tuple[str, int], int]) -> None:
+        try:
+            self._consumer.commit(positions)
+        except KafkaException as exc:  # e.g. partitions revoked meanwhile; the snapshot holds the truth
+            log.warning("offset commit skipped: %s", exc)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class KafkaTrainerOutputs:
+    """Dead letters and snapshot announcements; `open` creates the topics."""
+
+    def __init__(self, bootstrap: str, dead_letter_topic: str, snapshots_topic: str, partitions: int = 1) -> None:
+        self._bootstrap, self._partitions = bootstrap, partitions
+        config = producer_config(bootstrap, linger_ms=5)
+        self.dead = AvroProducer(config, dead_letter_topic, "DeadLetter")
+        self.snapshots = AvroProducer(config, snapshots_topic, "ModelSnapshot")
+
+    @classmethod
+    def from_settings(cls, kafka: KafkaSettings) -> KafkaTrainerOutputs:
+        return cls(kafka.bootstrap_servers, kafka.topics.dead_letter, kafka.topics.snapshots, kafka.partitions)
+
+    def open(self) -> KafkaTrainerOutputs:
+        ensure_topics(self._bootstrap, [self.dead.topic, self.snapshots.topic], self._partitions)
+        return self
+
+    def dead_letter(self, rejects: Sequence[Reject]) -> None:
+        now = int(time.time() * 1000)
+        for reject in rejects:
+            self.dead.produce(dead_letter("trainer", reject, now))
+        if rejects:
+            self.dead.flush()
+
+    def announce(self, snapshot: Mapping[str, Any]) -> None:
+        self.snapshots.produce(snapshot, key=str(snapshot["version"]))
+        self.snapshots.flush()

@@ -1,0 +1,99 @@
+"""Publishing snapshots beside training, and the one way back from a snapshot into a learner.
+
+A publication runs in a background thread while training goes on, in the order that makes a crash
+at any point safe:
+
+1. (caller) weights are finite, the promotion gate decided, the state copied;
+2. snapshot files, then the manifest, written and renamed atomically, so the snapshot is durable
+   before anything names it (the offsets inside make it the restart point);
+3. the ModelSnapshot record to the snapshots topic, producer flushed;
+4. when promoted, the current-model pointer;
+5. (`finish`, back on the training thread) consumer offsets committed (for lag tools only) and old
+   snapshots pruned (the last K and the current one stay).
+
+One publication runs at a time: `begin` first waits for the previous one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+from gpu_trainer.base import ModelPointer, TrainerOutputs
+from gpu_trainer.learner import Learner
+from gpu_trainer.snapshots import Manifest, SnapshotStore
+
+
+def restore(store: SnapshotStore, version: int, learner: Learner) -> Manifest:
+    """Loads snapshot `version` (sha256-checked) into `learner`: weights, EMA, EWC state and the
+    counters. Resuming at start and reverting after non-finite weights both come through here."""
+    manifest, arrays = store.load(version)
+    if manifest.model_name != learner.model_name or manifest.model_config != learner.config:
+        raise RuntimeError(f"snapshot v{version} holds {manifest.model_name} {manifest.model_config}; the trainer"
+                           f" is configured for {learner.model_name} {learner.config}. Point "
+                           "trainer.snapshot_dir elsewhere or match the model settings.")
+    learner.load_state_arrays(arrays)
+    learner.samples_trained = manifest.samples_seen
+    learner.sample_digest = int(manifest.sample_digest, 16)
+    return manifest
+
+
+def announcement(store: SnapshotStore, manifest: Manifest) -> dict[str, object]:
+    """The ModelSnapshot record for a written snapshot."""
+    return {"version": manifest.version, "parent": manifest.parent, "created_at": manifest.created_at,
+            "uri": str(store.path(manifest.version)), "manifest_sha256": store.manifest_sha256(manifest.version),
+            "model_name": manifest.model_name, "samples_seen": manifest.samples_seen, "offsets": manifest.offsets,
+            "auc": manifest.metrics["auc"], "logloss": manifest.metrics["logloss"], "promoted": manifest.promoted}
+
+
+class SnapshotPublisher:
+    def __init__(self, store: SnapshotStore, pointer: ModelPointer, outputs: TrainerOutputs, keep_last: int,
+                 commit: Callable[[Manifest], None]) -> None:
+        self.store = store
+        self.pointer = pointer
+        self.outputs = outputs
+        self.keep_last = keep_last
+        self._commit = commit
+        self._thread: threading.Thread | None = None
+        self._manifest: Manifest | None = None
+        self._error: BaseException | None = None
+
+    def current_auc(self) -> float | None:
+        """The gate's reference: the AUC recorded in the current snapshot's manifest, None without one."""
+        current = self.pointer.current_version()
+        return self.store.manifest(current).metrics.get("auc") if current in self.store.versions() else None
+
+    def begin(self, manifest: Manifest, arrays: dict[str, np.ndarray]) -> Manifest | None:
+        """Starts publishing (steps 2-4 in the background); returns the previous publication, finished."""
+        finished = self.finish()
+        self._manifest = manifest
+        self._thread = threading.Thread(target=self._publish, args=(manifest, arrays), name="snapshot-publisher")
+        self._thread.start()
+        return finished
+
+    def _publish(self, manifest: Manifest, arrays: dict[str, np.ndarray]) -> None:
+        try:
+            self.store.write(manifest, arrays)
+            self.outputs.announce(announcement(self.store, manifest))
+            if manifest.promoted:
+                self.pointer.set_current(manifest.version)
+        except BaseException as exc:  # re-raised on the training thread by finish()
+            self._error = exc
+
+    def finish(self) -> Manifest | None:
+        """Waits for the publication under way, then commits offsets and prunes (step 5); returns its
+        manifest, None when none was under way. A failed publication raises here."""
+        if self._thread is None:
+            return None
+        self._thread.join()
+        self._thread = None
+        manifest, self._manifest = self._manifest, None
+        assert manifest is not None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"publishing snapshot v{manifest.version} failed: {error}") from error
+        self._commit(manifest)
+        self.store.prune(self.keep_last, {self.pointer.current_version() or manifest.version})
+        return manifest

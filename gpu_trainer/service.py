@@ -1,0 +1,239 @@
+"""The trainer service: poll micro-batches, check them, `Learner.step` each, publish snapshots.
+
+At start it restores the newest snapshot (weights, EMA, EWC state, sample count) and consumes from
+that snapshot's offsets, so after a crash (even `kill -9`) every sample is trained exactly once in
+the lineage of the snapshot the model continues from.
+
+Its I/O comes in through `gpu_trainer.base`'s Protocols: `from_settings` wires Kafka and Redis,
+tests wire in-memory fakes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from core.settings import Settings, TrainerSettings
+from gpu_trainer.base import ModelPointer, Positions, SampleSource, TrainerOutputs
+from gpu_trainer.batch import Columns
+from gpu_trainer.learner import Learner
+from gpu_trainer.publisher import SnapshotPublisher, restore
+from gpu_trainer.snapshots import Manifest, SnapshotStore, now_ms, should_promote
+from gpu_trainer.telemetry import TrainerMetrics
+from gpu_trainer.validation import check_samples
+from schemas.dead_letter import Reject
+from schemas.feature_set import FEATURE_NAMES, FEATURE_SET
+
+log = logging.getLogger("rtrec.trainer")
+
+
+@dataclass
+class RunSummary:
+    samples_trained: int
+    dead_lettered: int
+    snapshots: list[int]
+    promoted: list[int]
+    resumed_from: int | None
+
+
+class TrainerService:
+    def __init__(self, cfg: TrainerSettings, source: SampleSource, outputs: TrainerOutputs, pointer: ModelPointer,
+                 store: SnapshotStore, n_features: int = len(FEATURE_NAMES), metrics: TrainerMetrics | None = None,
+                 learner: Learner | None = None) -> None:
+        self.cfg = cfg
+        self.source = source
+        self.outputs = outputs
+        self.pointer = pointer
+        self.store = store
+        self.n_features = n_features
+        self.learner = learner or Learner(cfg, n_features)
+        self.metrics = metrics or TrainerMetrics()
+        self.publisher = SnapshotPublisher(store, pointer, outputs, cfg.keep_last, self._published)
+        self.version = 0
+        self.dead_lettered = 0
+        self.positions: Positions = {}
+        self.newest_event_ms: int | None = None
+        self.resumed_from: int | None = None
+        self._resumed = False
+        self._since_snapshot = 0
+        self._dirty = False
+        self._reverts = 0
+        self._lag_at = 0.0
+        self._last_snapshot_at = time.monotonic()
+        self.written: list[int] = []
+        self.promoted: list[int] = []
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TrainerService:
+        """Kafka source and outputs, the Redis model pointer, the snapshot directory of `settings`."""
+        from gpu_trainer.kafka_adapters import KafkaSampleSource, KafkaTrainerOutputs
+        from gpu_trainer.model_registry import ModelRegistry
+
+        registry = ModelRegistry.from_settings(settings.trainer, settings.redis)
+        return cls(settings.trainer, KafkaSampleSource.from_settings(settings.kafka, settings.trainer),
+                   KafkaTrainerOutputs.from_settings(settings.kafka).open(), registry, registry.store)
+
+    def _restore(self, version: int) -> Manifest:
+        manifest = restore(self.store, version, self.learner)
+        self.dead_lettered = manifest.dead_lettered
+        self.positions = manifest.offsets_by_partition()
+        self.version = version
+        self.newest_event_ms = manifest.newest_event_ms
+        return manifest
+
+    def resume(self) -> int | None:
+        """Restores the newest snapshot, if any; the source starts at its offsets. `run` calls it
+        unless it was called already."""
+        self._resumed = True
+        latest = self.store.latest_version()
+        if latest is not None:
+            manifest = self._restore(latest)
+            log.info("resumed from snapshot v%d: %d samples, offsets %s", latest, manifest.samples_seen,
+                     self.positions)
+        self.resumed_from = latest
+        return latest
+
+    def run(self, max_samples: int | None = None, idle_exit_s: float | None = None,
+            should_stop: Callable[[], bool] = lambda: False) -> RunSummary:
+        """Trains until `should_stop()`, `max_samples` trained in total, or `idle_exit_s` without input."""
+        if not self._resumed:
+            self.resume()
+        self.source.start(self.positions)
+        if self.cfg.metrics_port:
+            self.metrics.serve(self.cfg.metrics_port)
+        last_input = time.monotonic()
+        try:
+            while not should_stop():
+                if max_samples is not None and self.learner.samples_trained >= max_samples:
+                    break
+                polled = self.source.poll(self.cfg.batch_size, self.cfg.batch_timeout_ms / 1000.0)
+                columns = Columns.from_records(polled.records)
+                good, rejects = check_samples(columns, self.n_features, FEATURE_SET, self.source.topic)
+                self._dead_letter(polled.rejected + rejects)
+                if good.any():
+                    self._train(columns.select(good))
+                if polled.offsets or not self.source.has_partitions():  # idle counts once partitions are ours
+                    last_input = time.monotonic()
+                if polled.offsets:
+                    self.positions.update(polled.offsets)
+                    self._dirty = True
+                self._update_gauges()
+                if self._snapshot_due():
+                    self.checkpoint()
+                if idle_exit_s is not None and time.monotonic() - last_input > idle_exit_s:
+                    break
+        except KeyboardInterrupt:
+            log.info("interrupted: writing a final snapshot")
+        finally:
+            try:
+                if self._dirty:
+                    self.checkpoint()
+                self._record(self.publisher.finish())
+            finally:
+                self.source.close()
+        return RunSummary(self.learner.samples_trained, self.dead_lettered, self.written, self.promoted,
+                          self.resumed_from)
+
+    def _dead_letter(self, rejects: list[Reject]) -> None:
+        if rejects:
+            self.outputs.dead_letter(rejects)
+            self.dead_lettered += len(rejects)
+            self.metrics.dead_lettered.inc(len(rejects))
+
+    def _train(self, columns: Columns) -> None:
+        began = time.monotonic()
+        result = self.learner.step(columns.to_batch(self.cfg.user_buckets, self.cfg.item_buckets))
+        took = time.monotonic() - began
+        if not result.trained:  # non-finite loss: the batch is not learned from, so it is dead-lettered
+            self._dead_letter([Reject(f"sample {sid}: non-finite training loss", self.source.topic)
+                               for sid in columns.sample_id])
+            return
+        self.metrics.batch_latency.observe(took)
+        self.metrics.samples.inc(len(columns))
+        self.metrics.samples_per_s.set(len(columns) / max(took, 1e-9))
+        newest = int(columns.event_time_ms.max())
+        self.newest_event_ms = max(self.newest_event_ms or newest, newest)
+        self._since_snapshot += len(columns)
+
+    def _snapshot_due(self) -> bool:
+        if not self._dirty:
+            return False
+        return (self._since_snapshot >= self.cfg.snapshot_every_samples
+                or time.monotonic() - self._last_snapshot_at >= self.cfg.snapshot_every_s)
+
+    def _update_gauges(self) -> None:
+        auc, loss = self.learner.published_prequential.auc(), self.learner.published_prequential.logloss()
+        if auc is not None:
+            self.metrics.auc.set(auc)
+        if loss is not None:
+            self.metrics.logloss.set(loss)
+        if time.monotonic() - self._lag_at >= 1.0:
+            self._lag_at = time.monotonic()
+            with contextlib.suppress(Exception):  # lag is best-effort telemetry; never stop training for it
+                self.metrics.lag.set(self.source.lag())
+
+    def checkpoint(self) -> Manifest | None:
+        """Starts publishing a snapshot (see gpu_trainer.publisher for the order). Non-finite weights
+        are never published: training goes back to the last snapshot instead. The promotion gate
+        compares the prequential AUC of the weights being published (the EMA when it is on) with the
+        current snapshot's."""
+        self._record(self.publisher.finish())
+        self._since_snapshot = 0
+        self._dirty = False
+        self._last_snapshot_at = time.monotonic()
+        if not self.learner.weights_are_finite():
+            log.error("non-finite weights: not publishing; reverting to snapshot v%s", self.version)
+            self._revert()
+            return None
+        self._reverts = 0
+        published, trained = self.learner.published_prequential, self.learner.prequential
+        auc, loss = published.auc(), published.logloss()
+        promoted = should_promote(auc, self.publisher.current_auc(), self.cfg.promotion_margin)
+        if promoted:
+            self.learner.consolidate()
+        manifest = Manifest(
+            version=self.version + 1, parent=self.version or None, created_at=now_ms(),
+            model_name=self.learner.model_name, model_config=self.learner.config, feature_set=FEATURE_SET,
+            offsets=[{"topic": t, "partition": p, "offset": o} for (t, p), o in sorted(self.positions.items())],
+            samples_seen=self.learner.samples_trained, sample_digest=f"{self.learner.sample_digest:016x}",
+            dead_lettered=self.dead_lettered,
+            metrics={"auc": auc, "logloss": loss, "trained_auc": trained.auc(), "trained_logloss": trained.logloss(),
+                     "user_collision_rate": self.learner.collisions["user"].rate(),
+                     "item_collision_rate": self.learner.collisions["item"].rate()},
+            newest_event_ms=self.newest_event_ms, promoted=promoted,
+        )
+        arrays = {k: v.copy() for k, v in self.learner.state_arrays().items()}
+        self.version = manifest.version
+        self._record(self.publisher.begin(manifest, arrays))
+        return manifest
+
+    def _published(self, manifest: Manifest) -> None:
+        """Step 5 of a publication, on the training thread: offsets committed for lag tools."""
+        self.source.commit(manifest.offsets_by_partition())
+
+    def _record(self, manifest: Manifest | None) -> None:
+        if manifest is None:
+            return
+        self.written.append(manifest.version)
+        if manifest.promoted:
+            self.promoted.append(manifest.version)
+            self.metrics.current.set(manifest.version)
+        self.metrics.version.set(manifest.version)
+        for table, counter in self.learner.collisions.items():
+            self.metrics.collision_rate.labels(table=table).set(counter.rate())
+        if manifest.newest_event_ms is not None:
+            self.metrics.freshness.set((manifest.created_at - manifest.newest_event_ms) / 1000.0)
+        log.info("snapshot v%d: %d samples, auc %s, promoted %s", manifest.version, manifest.samples_seen,
+                 manifest.metrics["auc"], manifest.promoted)
+
+    def _revert(self) -> None:
+        """Back to the last snapshot's weights and offsets; its samples after it are consumed again."""
+        self._reverts += 1
+        if self.version == 0 or self._reverts > 2:
+            raise RuntimeError("the model's weights became non-finite and reverting did not help; no snapshot was "
+                               f"published after v{self.version}. Lower trainer.lr and restart.")
+        self._restore(self.version)
+        self.source.seek(self.positions)

@@ -1,0 +1,69 @@
+"""The trainer's Kafka adapters against the real broker: where the source starts, seeks and what it
+commits; what the outputs write."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from core.settings import Settings
+from gpu_trainer.kafka_adapters import KafkaSampleSource, KafkaTrainerOutputs
+from schemas.dead_letter import Reject
+from schemas.kafka_io import ConsumedBatch, read_topic
+from tests.gpu_trainer.samples import make_samples, produce_samples
+
+pytestmark = pytest.mark.integration
+
+
+def drain(source: KafkaSampleSource, n: int, timeout_s: float = 30.0) -> ConsumedBatch:
+    total = ConsumedBatch([], [], {})
+    deadline = time.monotonic() + timeout_s
+    while len(total.records) < n and time.monotonic() < deadline:
+        total.extend(source.poll(500, 0.5))
+    return total
+
+
+def test_source_starts_at_the_given_offsets_seeks_and_commits(settings: Settings) -> None:
+    k, t = settings.kafka, settings.trainer.model_copy(update={"group_id": f"g-{settings.redis.key_prefix}",
+                                                               "instance_id": f"i-{settings.redis.key_prefix}"})
+    samples = make_samples(400)
+    produce_samples(settings, samples)
+    counts = {p: n for (_, p), n in read_topic(k.bootstrap_servers, k.topics.samples, "TrainingSample").offsets.items()}
+    assert sum(counts.values()) == 400
+
+    source = KafkaSampleSource.from_settings(k, t)
+    start = {(k.topics.samples, 0): 10}  # partition 1 absent: from its beginning
+    source.start(start)
+    try:
+        got = drain(source, 400 - 10)
+        assert len(got.records) == 400 - 10 and got.rejected == []
+        assert got.offsets == {(k.topics.samples, p): n for p, n in counts.items()}
+        assert source.has_partitions() and source.lag() == 0
+
+        source.seek({(k.topics.samples, 0): counts[0] - 5, (k.topics.samples, 1): counts[1]})
+        again = drain(source, 5)
+        assert len(again.records) == 5
+
+        source.commit({(k.topics.samples, 0): 3})
+        group = Consumer({"bootstrap.servers": k.bootstrap_servers, "group.id": t.group_id})
+        committed = group.committed([TopicPartition(k.topics.samples, 0)], timeout=10)
+        group.close()
+        assert committed[0].offset == 3
+    finally:
+        source.close()
+
+
+def test_outputs_create_their_topics_and_write_dead_letters_and_announcements(settings: Settings) -> None:
+    k = settings.kafka
+    outputs = KafkaTrainerOutputs.from_settings(k).open()
+    outputs.dead_letter([Reject("sample s1: bad", k.topics.samples, 1, 7, value=b"\x01")])
+    outputs.announce({"version": 3, "parent": 2, "created_at": 1, "uri": "/x", "manifest_sha256": "ab",
+                      "model_name": "mf", "samples_seen": 9, "offsets": [], "auc": None, "logloss": None,
+                      "promoted": False})
+    dead = read_topic(k.bootstrap_servers, k.topics.dead_letter, "DeadLetter").records
+    assert [(d["stage"], d["reason"], d["source_partition"], d["source_offset"], d["value"]) for d in dead] == \
+        [("trainer", "sample s1: bad", 1, 7, b"\x01")]
+    announced = read_topic(k.bootstrap_servers, k.topics.snapshots, "ModelSnapshot").records
+    assert [a["version"] for a in announced] == [3]

@@ -1,0 +1,152 @@
+"""The trainer service against the real broker and Redis (its logic alone: test_service.py)."""
+
+from __future__ import annotations
+
+import math
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+from confluent_kafka import Producer
+
+from core.settings import Settings
+from feature_store.redis_store import RedisFeatureStore
+from gpu_trainer.model_registry import ModelRegistry
+from gpu_trainer.onnx_export import export_onnx
+from gpu_trainer.scoring import feature_matrix, load_current
+from gpu_trainer.service import TrainerService
+from gpu_trainer.snapshots import SnapshotStore
+from rtrec.cli.main import cli
+from schemas.kafka_io import read_topic
+from tests.gpu_trainer.samples import digest, make_samples, produce_samples
+from tests.infra import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def trainer_settings(settings: Settings, tmp_path: Path, **kw: object) -> Settings:
+    trainer = settings.trainer.model_copy(update={
+        "snapshot_dir": tmp_path / "snapshots", "user_buckets": 4096, "item_buckets": 4096, "batch_size": 200,
+        "lr": 0.05, "dense_lr": 0.05,
+        "batch_timeout_ms": 200, "snapshot_every_samples": 2000, "snapshot_every_s": 60.0, "eval_window": 2000,
+        "group_id": f"trainer-{tmp_path.name}", **kw})
+    return settings.model_copy(update={"trainer": trainer})
+
+
+def env_of(s: Settings) -> dict[str, str]:
+    return {"RTREC_KAFKA__BOOTSTRAP_SERVERS": s.kafka.bootstrap_servers, "RTREC_REDIS__URL": s.redis.url,
+            "RTREC_REDIS__KEY_PREFIX": s.redis.key_prefix, "RTREC_TRAINER__SNAPSHOT_DIR": str(s.trainer.snapshot_dir),
+            **{f"RTREC_KAFKA__TOPICS__{k.upper()}": v for k, v in s.kafka.topics.model_dump().items()}}
+
+
+def test_trains_every_sample_once_dead_letters_bad_ones_and_publishes(settings: Settings, tmp_path: Path) -> None:
+    s = trainer_settings(settings, tmp_path, metrics_port=free_port())
+    good = make_samples(5000)
+    bad = [dict(make_samples(1, start=90_000)[0], features=[math.nan] * 20),
+           dict(make_samples(1, start=90_001)[0], features=[1.0, 2.0]),
+           dict(make_samples(1, start=90_002)[0], features=[math.inf] + [0.0] * 19)]
+    produce_samples(s, good[:2500] + bad + good[2500:])
+    raw = Producer({"bootstrap.servers": s.kafka.bootstrap_servers})
+    raw.produce(s.kafka.topics.samples, value=b"\x00garbage")
+    raw.flush(10)
+
+    service = TrainerService.from_settings(s)
+    summary = service.run(idle_exit_s=3.0)
+    assert summary.samples_trained == 5000 and summary.dead_lettered == 4
+    store = SnapshotStore(s.trainer.snapshot_dir)
+    last = store.manifest(store.latest_version())
+    assert last.samples_seen == 5000 and last.sample_digest == digest(good)
+    assert sum(o["offset"] for o in last.offsets) == 5004
+    assert last.metrics["auc"] > 0.6
+    # 50 users and 80 items in 4096 rows: a few may share one (birthday bound), most do not
+    assert 0.0 <= last.metrics["user_collision_rate"] < 0.1 and 0.0 <= last.metrics["item_collision_rate"] < 0.1
+
+    announced = read_topic(s.kafka.bootstrap_servers, s.kafka.topics.snapshots, "ModelSnapshot").records
+    assert [r["version"] for r in announced] == summary.snapshots
+    assert announced[-1]["manifest_sha256"] == store.manifest_sha256(last.version)
+    assert ModelRegistry(store, s.redis.url, s.redis.key_prefix).current_version() == summary.promoted[-1]
+
+    dead = read_topic(s.kafka.bootstrap_servers, s.kafka.topics.dead_letter, "DeadLetter").records
+    reasons = sorted(d["reason"] for d in dead)
+    assert any("non-finite feature value" in r and "s90000" in r for r in reasons)
+    assert any("expected 20 features, got 2" in r for r in reasons)
+    assert any("s90002" in r for r in reasons)
+    assert any(r.startswith("missing rtrec-schema header") for r in reasons)
+
+    scraped = urllib.request.urlopen(f"http://127.0.0.1:{s.trainer.metrics_port}/metrics", timeout=5).read().decode()
+    for name in ("rtrec_trainer_samples_total 5000.0", "rtrec_trainer_dead_lettered_total 4.0",
+                 "rtrec_trainer_prequential_auc", "rtrec_trainer_consumer_lag", "rtrec_trainer_batch_seconds_bucket",
+                 f"rtrec_trainer_snapshot_version {float(last.version)}", "rtrec_trainer_freshness_seconds",
+                 "rtrec_trainer_samples_per_second", "rtrec_trainer_prequential_logloss",
+                 'rtrec_trainer_embedding_collision_rate{table="user"}'):
+        assert name in scraped, name
+
+
+def test_restart_resumes_from_the_snapshot_offsets(settings: Settings, tmp_path: Path) -> None:
+    s = trainer_settings(settings, tmp_path)
+    samples = make_samples(6000)
+    produce_samples(s, samples)
+    first = TrainerService.from_settings(s).run(max_samples=2000)
+    assert 2000 <= first.samples_trained < 6000
+    second = TrainerService.from_settings(s)
+    assert second.resume() == first.snapshots[-1]
+    summary = second.run(idle_exit_s=3.0)
+    assert summary.samples_trained == 6000
+    store = SnapshotStore(s.trainer.snapshot_dir)
+    assert store.manifest(store.latest_version()).sample_digest == digest(samples)
+
+
+def test_metric_gate_keeps_a_worse_snapshot_unpromoted_and_rollback(settings: Settings, tmp_path: Path) -> None:
+    s = trainer_settings(settings, tmp_path, promotion_margin=0.02)
+    produce_samples(s, make_samples(6000, seed=1))
+    good = TrainerService.from_settings(s).run(idle_exit_s=3.0)
+    assert good.promoted == good.snapshots
+    produce_samples(s, make_samples(4000, seed=2, start=10_000, random_labels=True))
+    worse = TrainerService.from_settings(s).run(idle_exit_s=3.0)
+    store = SnapshotStore(s.trainer.snapshot_dir)
+    assert worse.snapshots and not store.manifest(worse.snapshots[-1]).promoted
+    registry = ModelRegistry(store, s.redis.url, s.redis.key_prefix)
+    assert registry.current_version() == good.promoted[-1]
+
+    runner = CliRunner()
+    result = runner.invoke(cli, ["model", "rollback", "--to", str(good.snapshots[0])], env=env_of(s))
+    assert result.exit_code == 0, result.output
+    assert registry.current_version() == good.snapshots[0]
+    listing = runner.invoke(cli, ["model", "list"], env=env_of(s)).output
+    assert any(line.startswith("*") and f" {good.snapshots[0]} " in line for line in listing.splitlines())
+    missing = runner.invoke(cli, ["model", "rollback", "--to", "999"], env=env_of(s))
+    assert missing.exit_code != 0 and "no snapshot v999" in missing.output
+
+
+def test_score_cli_and_onnx_match_pytorch(settings: Settings, tmp_path: Path) -> None:
+    s = trainer_settings(settings, tmp_path, model="deepfm")
+    produce_samples(s, make_samples(3000))
+    TrainerService.from_settings(s).run(idle_exit_s=3.0)
+    features = RedisFeatureStore(s.redis.url, s.redis.key_prefix, 600)
+    features.write_batch([
+        {"entity_type": et, "entity_id": eid, "horizon_s": h, "window_start": 0, "window_end": 60_000,
+         "impressions": 10 + k, "clicks": k, "likes": 1, "carts": 0, "orders": 0, "ctr": k / (10 + k),
+         "dwell_sum_ms": 1000 * k, "dwell_mean_ms": 1000.0, "distinct_counterparts": 3}
+        for k, (et, eid) in enumerate([("user", "u1"), ("item", "i1"), ("item", "i2")]) for h in (60, 600)])
+    result = CliRunner().invoke(cli, ["model", "score", "--user", "u1", "--items", "i1,i2,i-unknown"], env=env_of(s))
+    assert result.exit_code == 0, result.output
+    printed = dict(line.split("\t") for line in result.output.splitlines()[1:])
+
+    loaded = load_current(ModelRegistry(SnapshotStore(s.trainer.snapshot_dir), s.redis.url, s.redis.key_prefix))
+    dense = feature_matrix(features, "u1", ["i1", "i2", "i-unknown"])
+    assert dense[0, 0] == 10.0 and dense[2, 10:].sum() == 0.0  # the unknown item's features are zeros
+    expected = loaded.score_arrays(["u1"] * 3, ["i1", "i2", "i-unknown"], dense)
+    assert [float(printed[i]) for i in ("i1", "i2", "i-unknown")] == pytest.approx(expected.tolist(), abs=1e-6)
+
+    path = export_onnx(loaded, tmp_path / "model.onnx")
+    from gpu_trainer.batch import bucket
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    ids = [f"u{k}" for k in range(64)], [f"i{k}" for k in range(64)]
+    dense = np.random.default_rng(0).random((64, 20)).astype(np.float32) * 50
+    onnx_scores = session.run(None, {"user_idx": bucket(ids[0], loaded.user_buckets),
+                                     "item_idx": bucket(ids[1], loaded.item_buckets), "dense": dense})[0]
+    np.testing.assert_allclose(onnx_scores, loaded.score_arrays(ids[0], ids[1], dense), rtol=1e-5, atol=1e-6)
