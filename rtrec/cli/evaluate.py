@@ -8,7 +8,7 @@ import click
 
 from core.settings import Settings
 from rtrec.cli.produce import _type_map
-from rtrec.sources.replay import ColumnMapping
+from rtrec.sources.replay import ColumnMapping, ReplayError
 
 
 @click.command("evaluate")
@@ -54,7 +54,10 @@ def evaluate_command(settings: Settings, paths: tuple[Path, ...], synthetic_even
     if synthetic_events is not None:
         samples = synthetic_samples(settings, synthetic_events, synthetic_hours, say)
     else:
-        samples = pipeline_samples(settings, paths, mapping, say, items_by_file=items_by_file)
+        try:
+            samples = pipeline_samples(settings, paths, mapping, say, items_by_file=items_by_file)
+        except ReplayError as exc:
+            raise click.ClickException(str(exc)) from exc
     if len(samples) < 100:
         raise click.ClickException(f"only {len(samples)} samples: too few to compare strategies")
     cfg = settings.trainer.model_copy(update={"user_buckets": 1 << 16, "item_buckets": 1 << 14})

@@ -8,7 +8,7 @@ import click
 
 from core.settings import Settings
 from rtrec.sources.produce import produce_replay, produce_synthetic
-from rtrec.sources.replay import ColumnMapping
+from rtrec.sources.replay import ColumnMapping, ReplayError
 
 
 @click.group("produce")
@@ -71,7 +71,10 @@ def replay(settings: Settings, paths: tuple[Path, ...], user_col: str, item_col:
     mapping = ColumnMapping(user=user_col, item=item_col, time=time_col, type=type_col, default_type=default_type,
                             type_map=_type_map(type_map), click=click_col, dwell=dwell_col,
                             position=position_col, session=session_col, event_id=event_id_col)
-    summary = produce_replay(settings, paths, mapping, speedup, report=lambda s: click.echo(s, err=True),
-                             items_by_file=items_by_file)
+    try:
+        summary = produce_replay(settings, paths, mapping, speedup, report=lambda s: click.echo(s, err=True),
+                                 items_by_file=items_by_file)
+    except ReplayError as exc:
+        raise click.ClickException(str(exc)) from exc
     click.echo(f"read {summary.read} rows, produced {summary.produced} events, rejected {summary.rejected} rows "
                f"(to {settings.kafka.topics.dead_letter}) in {summary.seconds:.1f}s")

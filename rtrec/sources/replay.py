@@ -1,7 +1,10 @@
 """Turning an interaction log (CSV or Parquet) into InteractionEvents in event-time order.
 
 Parsing is pure: `read_log` returns the events and the rejected rows (line number, reason); the
-CLI produces the events and dead-letters the rejects. Nothing is dropped silently.
+CLI produces the events and dead-letters the rejects. Nothing is dropped silently. A file that
+cannot be replayed at all (unreadable, no data rows, a mapped column missing) raises `ReplayError`
+before anything is produced. CSV may start with a UTF-8 BOM and end lines with CRLF; Parquet ids
+must be strings or integers (an integral float such as 7.0 counts as 7).
 
 >>> mapping = ColumnMapping(user="u", item="i", time="t", type="k")
 >>> parse_row({"u": "7", "i": "9", "t": "1700000000000", "k": "clicks"}, mapping, 2, "log")[0]["event_type"]
@@ -28,6 +31,10 @@ TYPE_ALIASES = {"clicks": "click", "carts": "cart", "orders": "order", "likes": 
 MIN_TIME_MS, MAX_TIME_MS = 631_152_000_000, 4_102_444_800_000
 
 
+class ReplayError(ValueError):
+    """A log that cannot be replayed at all; the message names the file and what to change."""
+
+
 @dataclass(frozen=True)
 class ColumnMapping:
     """Which columns hold what. `user` may join several columns with '+' (hashed user features).
@@ -47,6 +54,20 @@ class ColumnMapping:
     event_id: str | None = None
     click: str | None = None
     type_map: Mapping[str, str] = field(default_factory=dict)
+
+    def required(self) -> dict[str, str]:
+        """Column -> the `produce replay` option that names it, for every column the rows must have
+        (the type column may be absent: every row then has `default_type`)."""
+        wanted = {c: "--user-col" for c in self.user.split("+")}
+        wanted[self.item] = "--item-col"
+        wanted[self.time] = "--time-col"
+        optional = {"--click-col": self.click, "--dwell-col": self.dwell, "--position-col": self.position,
+                    "--session-col": self.session, "--event-id-col": self.event_id}
+        wanted.update({column: option for option, column in optional.items() if column is not None})
+        return wanted
+
+    def id_columns(self) -> set[str]:
+        return {*self.user.split("+"), self.item, *(c for c in (self.session, self.event_id) if c)}
 
 
 @dataclass
@@ -105,27 +126,71 @@ def parse_row(row: Mapping[str, Any], m: ColumnMapping, line: int, source: str) 
     return events
 
 
-def _rows(path: Path) -> Iterator[tuple[int, Mapping[str, Any], str]]:
-    """(line number, row, raw text) per data row; CSV line numbers count the header as line 1."""
-    if path.suffix.lower() in (".parquet", ".pq"):
-        import pyarrow.parquet as pq
+def _id_text(value: Any, column: str) -> str:
+    """A typed (Parquet) id as text; ValueError for values that are no id.
 
+    >>> _id_text(7.0, "u"), _id_text(12, "u"), _id_text("a", "u")
+    ('7', '12', 'a')
+    >>> _id_text(1.5, "u")
+    Traceback (most recent call last):
+    ValueError: u 1.5 is not an id: ids are strings or integers
+    """
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    raise ValueError(f"{column} {value!r} is not an id: ids are strings or integers")
+
+
+def _parquet_rows(path: Path, id_columns: set[str]) -> tuple[list[str], Iterator[tuple[int, Mapping[str, Any], str]]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
         table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise ReplayError(f"{path} is not a readable Parquet file: {exc}") from exc
+
+    def rows() -> Iterator[tuple[int, Mapping[str, Any], str]]:
         for i, row in enumerate(table.to_pylist(), start=1):
-            yield i, {k: ("" if v is None else str(v)) for k, v in row.items()}, str(row)
-        return
-    with open(path, newline="", encoding="utf-8", errors="replace") as fh:
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if header is None:
-            return
-        for values in reader:
-            line = reader.line_num
-            raw = ",".join(values)
-            if len(values) != len(header):
-                yield line, {"__error__": f"expected {len(header)} columns, found {len(values)}"}, raw
-                continue
-            yield line, dict(zip(header, values, strict=True)), raw
+            try:
+                cells = {k: _id_text(v, k) if k in id_columns else ("" if v is None else str(v))
+                         for k, v in row.items()}
+            except ValueError as exc:
+                cells = {"__error__": str(exc)}
+            yield i, cells, str(row)
+
+    return table.column_names, rows()
+
+
+def _csv_rows(path: Path) -> tuple[list[str], Iterator[tuple[int, Mapping[str, Any], str]]]:
+    # utf-8-sig: a BOM written by spreadsheet tools would otherwise become part of the first column's name
+    with open(path, newline="", encoding="utf-8-sig", errors="replace") as fh:
+        header = [name.strip() for name in next(csv.reader(fh), [])]
+
+    def rows() -> Iterator[tuple[int, Mapping[str, Any], str]]:
+        with open(path, newline="", encoding="utf-8-sig", errors="replace") as fh:
+            lines = csv.reader(fh)
+            next(lines, None)
+            for values in lines:
+                raw = ",".join(values)
+                if len(values) != len(header):
+                    yield lines.line_num, {"__error__": f"expected {len(header)} columns, found {len(values)}"}, raw
+                    continue
+                yield lines.line_num, dict(zip(header, values, strict=True)), raw
+
+    return header, rows()
+
+
+def _rows(path: Path, mapping: ColumnMapping) -> tuple[list[str], Iterator[tuple[int, Mapping[str, Any], str]]]:
+    """The header and (line number, row, raw text) per data row; CSV line numbers count the header as line 1."""
+    if path.suffix.lower() in (".parquet", ".pq"):
+        return _parquet_rows(path, mapping.id_columns())
+    return _csv_rows(path)
 
 
 def read_log(path: Path, mapping: ColumnMapping, source: str | None = None,
@@ -138,7 +203,15 @@ def read_log(path: Path, mapping: ColumnMapping, source: str | None = None,
     events: list[Event] = []
     rejected: list[RejectedRow] = []
     n_rows = 0
-    for line, row, raw in _rows(path):
+    header, rows = _rows(path, mapping)
+    if not header:
+        raise ReplayError(f"{path}: the file is empty (no header, no data rows); nothing was produced")
+    missing = {column: option for column, option in mapping.required().items() if column not in header}
+    if missing:
+        named = ", ".join(f"{c!r} ({o})" for c, o in missing.items())
+        raise ReplayError(f"{path}: no column {named}; its columns are {header}. Name the right ones with those "
+                          "options; nothing was produced")
+    for line, row, raw in rows:
         n_rows += 1
         if "__error__" in row:
             rejected.append(RejectedRow(line, str(row["__error__"]), raw, source))
@@ -147,6 +220,8 @@ def read_log(path: Path, mapping: ColumnMapping, source: str | None = None,
             events.extend(parse_row(row, mapping, line, source))
         except (ValueError, KeyError, OverflowError) as exc:
             rejected.append(RejectedRow(line, str(exc) or type(exc).__name__, raw, source))
+    if n_rows == 0:
+        raise ReplayError(f"{path}: no data rows (the file is empty or holds a header only); nothing was produced")
     if item_prefix:
         for e in events:
             e["item_id"] = item_prefix + e["item_id"]
