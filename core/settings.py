@@ -150,6 +150,7 @@ class TrainerSettings(Section):
     hidden_dims: tuple[int, ...] = (128, 64)
     batch_size: int = 4096
     batch_timeout_ms: int = 500
+    max_id_length: int = 256  # a sample whose sample, user or item id is longer is dead-lettered
     lr: float = 0.01
     dense_lr: float = 0.02
     ema_enabled: bool = True
@@ -159,10 +160,15 @@ class TrainerSettings(Section):
     ewc_fisher_momentum: float = 0.9
     ewc_consolidation_decay: float = 0.9
     eval_window: int = 20_000
+    # With EMA on, the published weights are scored too (the promotion gate judges them), on this
+    # many rows of each batch: enough for a steady AUC, a bounded cost on large batches.
+    published_eval_rows: int = 1024
     snapshot_every_s: float = 10.0
     snapshot_every_samples: int = 100_000
     snapshot_dir: Path = Field(default_factory=lambda: _default_cache_dir() / "snapshots")
     keep_last: int = 5
+    # After SIGTERM/SIGINT, how long the final snapshot may take before the process exits anyway
+    shutdown_timeout_s: float = 60.0
     promotion_margin: float = 0.02
     metrics_port: int = 0  # 0: no Prometheus endpoint
     device: str = "auto"  # "auto", "cpu", "cuda"

@@ -37,7 +37,11 @@ class SampleSource(Protocol):
 
 
 class TrainerOutputs(Protocol):
-    def dead_letter(self, rejects: Sequence[Reject]) -> None: ...
+    def dead_letter(self, rejects: Sequence[Reject]) -> None:
+        """Writes one DeadLetter per reject, keyed by `reject.key`."""
+
+    def dead_lettered_since(self, since_ms: int) -> set[bytes]:
+        """The keys of the trainer's dead letters written at or after `since_ms` (epoch ms)."""
 
     def announce(self, snapshot: Mapping[str, Any]) -> None:
         """Publishes a ModelSnapshot record (schemas/avro/ModelSnapshot.avsc)."""

@@ -41,6 +41,15 @@ class Batch:
     def __len__(self) -> int:
         return int(self.label.shape[0])
 
+    def head(self, rows: int) -> Batch:
+        """The first `rows` samples (views, no copies)."""
+        if rows >= len(self):
+            return self
+        return Batch(self.user_idx[:rows], self.item_idx[:rows], self.dense[:rows], self.label[:rows],
+                     self.event_time_ms[:rows], self.sample_hash[:rows],
+                     None if self.user_hash is None else self.user_hash[:rows],
+                     None if self.item_hash is None else self.item_hash[:rows])
+
     def to(self, device: torch.device, non_blocking: bool = False) -> Batch:
         if device.type == "cuda":
             move = {k: getattr(self, k).pin_memory().to(device, non_blocking=non_blocking)
@@ -69,17 +78,22 @@ class Columns:
     feature_set: np.ndarray
 
     @classmethod
-    def from_records(cls, records: Sequence[dict[str, Any]]) -> Columns:
+    def from_records(cls, records: Sequence[dict[str, Any]], width: int | None = None) -> Columns:
+        """With `width`, the feature matrix has exactly that many columns whatever the records hold
+        (longer rows cut, shorter ones zero-padded; `feature_len` keeps each record's own count, so
+        the checks can refuse them): one over-long record never changes the batch's shape."""
         frame = pd.DataFrame.from_records(records, columns=["sample_id", "user_id", "item_id", "features", "label",
                                                             "event_time", "feature_set"])
         lengths = frame["features"].map(len).to_numpy(np.int64)
-        width = int(lengths.max()) if len(lengths) else 0
+        if width is None:
+            width = int(lengths.max()) if len(lengths) else 0
         if len(frame) and (lengths == width).all():
             features = np.asarray(np.stack(frame["features"].to_numpy()), dtype=np.float32).reshape(len(frame), width)
         else:
             features = np.zeros((len(frame), width), dtype=np.float32)
             for i, row in enumerate(frame["features"]):  # ragged input only; such rows get rejected by length
-                features[i, : len(row)] = row
+                kept = min(len(row), width)
+                features[i, :kept] = row[:kept]
         return cls(frame["sample_id"].to_numpy(), frame["user_id"].to_numpy(), frame["item_id"].to_numpy(),
                    features, lengths, frame["label"].to_numpy(dtype=np.float32),
                    frame["event_time"].to_numpy(np.int64), frame["feature_set"].to_numpy())

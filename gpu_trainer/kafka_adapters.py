@@ -14,7 +14,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 from core.kafka import ensure_topics, producer_config
 from core.settings import KafkaSettings, TrainerSettings
 from schemas.dead_letter import Reject, dead_letter
-from schemas.kafka_io import AvroConsumer, AvroProducer, ConsumedBatch
+from schemas.kafka_io import AvroConsumer, AvroProducer, ConsumedBatch, read_topic
 
 log = logging.getLogger("rtrec.trainer")
 
@@ -108,6 +108,12 @@ class KafkaTrainerOutputs:
             self.dead.produce(dead_letter("trainer", reject, now))
         if rejects:
             self.dead.flush()
+
+    def dead_lettered_since(self, since_ms: int) -> set[bytes]:
+        """Reads the dead-letter topic from `since_ms` on: one pass at start, over what came after the
+        snapshot resumed from."""
+        records = read_topic(self._bootstrap, self.dead.topic, "DeadLetter", since_ms=since_ms).records
+        return {r["key"] for r in records if r["stage"] == "trainer" and r["key"] is not None}
 
     def announce(self, snapshot: Mapping[str, Any]) -> None:
         self.snapshots.produce(snapshot, key=str(snapshot["version"]))

@@ -1,10 +1,10 @@
 """One model learning incrementally: `step(batch)` scores the batch (prequential), then learns from it.
 
 Order inside a step: forward -> record prequential metrics (of the trained weights and, with EMA, of
-the published weights too) -> skip on a non-finite loss -> backward -> Fisher estimate from the
-data-loss gradient -> EWC penalty gradient -> optimiser step -> EMA of the touched rows. The
-published weights are the EMA when it is on, else the trained weights; the promotion gate judges
-`published_prequential`, the scores of the weights it would publish.
+the published weights too, on the first `trainer.published_eval_rows` rows) -> skip on a non-finite
+loss -> backward -> Fisher estimate from the data-loss gradient -> EWC penalty gradient -> optimiser
+step -> EMA of the touched rows. The published weights are the EMA when it is on, else the trained
+weights; the promotion gate judges `published_prequential`, the scores of the weights it would publish.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from core.settings import TrainerSettings
 from gpu_trainer.batch import Batch
@@ -62,7 +61,17 @@ class Learner:
         self.ewc = (OnlineEWC(self.params, cfg.ewc_lambda, cfg.ewc_fisher_momentum, cfg.ewc_consolidation_decay,
                               names) if cfg.ewc_enabled else None)
         self.prequential = Prequential(cfg.eval_window)
-        self.published_prequential = Prequential(cfg.eval_window) if self.ema is not None else self.prequential
+        # the same span of samples as the trained weights' window, from a slice of each batch
+        sliced = max(1_000, int(cfg.eval_window * min(1.0, cfg.published_eval_rows / cfg.batch_size)))
+        self.published_prequential = Prequential(sliced) if self.ema is not None else self.prequential
+        # The published weights as a model of their own: its parameters share storage with the EMA
+        # shadow (updated in place), so scoring them costs one forward pass and no copying.
+        self.published_model: nn.Module | None = None
+        if self.ema is not None:
+            self.published_model = build_model(cfg.model, self.config).to(self.device).eval()
+            for name, param in self.published_model.named_parameters():
+                param.requires_grad_(False)
+                param.data = self.ema.shadow[name]
         self.loss_fn = nn.BCEWithLogitsLoss()
         self.samples_trained = 0
         self.non_finite_batches = 0
@@ -73,13 +82,10 @@ class Learner:
         users, items = torch.unique(batch.user_idx), torch.unique(batch.item_idx)
         return {n: (users if n.startswith("user") else items) for n in self.tables}
 
-    def forward(self, batch: Batch, weights: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        """Logits of the trained weights, or of `weights` (e.g. the EMA) with the same model."""
-        args = (batch.user_idx, batch.item_idx, batch.dense)
+    def forward(self, batch: Batch, model: nn.Module | None = None) -> torch.Tensor:
+        """Logits of the trained weights, or of `model` (the published one)."""
         with torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
-            if weights is None:
-                return self.model(*args).float()
-            return functional_call(self.model, weights, args).float()
+            return (model or self.model)(batch.user_idx, batch.item_idx, batch.dense).float()
 
     def _warm_start_bias(self, batch: Batch) -> None:
         """Sets the output bias to the first batch's base rate (log-odds). Otherwise Adam's first steps,
@@ -103,10 +109,12 @@ class Learner:
         loss = self.loss_fn(logits, batch.label)
         labels, at_ms = batch.label.cpu().numpy(), int(batch.event_time_ms.max())
         self.prequential.update(torch.sigmoid(logits.detach()).cpu().numpy().astype(np.float64), labels, at_ms)
-        if self.ema is not None:
+        if self.published_model is not None:
+            # a slice of each batch: its forward pass then costs the same whatever the batch size
+            rows = min(len(batch), self.cfg.published_eval_rows)
             with torch.no_grad():
-                published = torch.sigmoid(self.forward(batch, self.ema.shadow))
-            self.published_prequential.update(published.cpu().numpy().astype(np.float64), labels, at_ms)
+                published = torch.sigmoid(self.forward(batch.head(rows), self.published_model))
+            self.published_prequential.update(published.cpu().numpy().astype(np.float64), labels[:rows], at_ms)
         if not torch.isfinite(loss):
             self.non_finite_batches += 1
             return StepResult(float("nan"), trained=False)

@@ -37,12 +37,19 @@ def logloss(probs: np.ndarray, labels: np.ndarray) -> float:
 
 @dataclass
 class Prequential:
-    """Rolling-window AUC and logloss over the last `window` predictions, plus a history per batch."""
+    """Rolling-window AUC and logloss over the last `window` predictions, plus a history per batch.
+
+    Each history entry has the batch's own AUC; the rolling AUC and logloss go into it once per
+    `history_every` samples (None in the entries between): each costs a sort of the whole window,
+    which per batch took about half of a training step on small batches.
+    """
 
     window: int = 20_000
+    history_every: int = 5_000
     _probs: np.ndarray = field(init=False)
     _labels: np.ndarray = field(init=False)
     _n: int = field(default=0, init=False)
+    _history_at: int = field(default=0, init=False)
     history: list[dict[str, float | int | None]] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
@@ -56,8 +63,11 @@ class Prequential:
         idx = (self._n + np.arange(k)) % self.window
         self._probs[idx], self._labels[idx] = probs, labels
         self._n += k
-        self.history.append({"samples": self._n, "at_ms": at_ms, "auc": self.auc(), "logloss": self.logloss(),
-                             "batch_auc": auc(probs, labels)})
+        rolling = self._n - self._history_at >= self.history_every or self._history_at == 0
+        if rolling:
+            self._history_at = self._n
+        self.history.append({"samples": self._n, "at_ms": at_ms, "auc": self.auc() if rolling else None,
+                             "logloss": self.logloss() if rolling else None, "batch_auc": auc(probs, labels)})
 
     def _filled(self) -> tuple[np.ndarray, np.ndarray]:
         n = min(self._n, self.window)

@@ -16,6 +16,7 @@ One publication runs at a time: `begin` first waits for the previous one.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
@@ -23,18 +24,29 @@ import numpy as np
 
 from gpu_trainer.base import ModelPointer, TrainerOutputs
 from gpu_trainer.learner import Learner
-from gpu_trainer.snapshots import Manifest, SnapshotStore
+from gpu_trainer.snapshots import WEIGHTS, Manifest, SnapshotError, SnapshotStore
+
+
+class ModelMismatchError(RuntimeError):
+    """The snapshots hold another model than the settings describe: a configuration error, not damage."""
+
+log = logging.getLogger("rtrec.trainer")
 
 
 def restore(store: SnapshotStore, version: int, learner: Learner) -> Manifest:
     """Loads snapshot `version` (sha256-checked) into `learner`: weights, EMA, EWC state and the
-    counters. Resuming at start and reverting after non-finite weights both come through here."""
+    counters. Resuming at start and reverting after non-finite weights both come through here.
+    SnapshotError: the snapshot is damaged (the learner may be partly loaded); ModelMismatchError: it
+    holds another model."""
     manifest, arrays = store.load(version)
     if manifest.model_name != learner.model_name or manifest.model_config != learner.config:
-        raise RuntimeError(f"snapshot v{version} holds {manifest.model_name} {manifest.model_config}; the trainer"
-                           f" is configured for {learner.model_name} {learner.config}. Point "
-                           "trainer.snapshot_dir elsewhere or match the model settings.")
-    learner.load_state_arrays(arrays)
+        raise ModelMismatchError(f"snapshot v{version} holds {manifest.model_name} {manifest.model_config}; the "
+                                 f"trainer is configured for {learner.model_name} {learner.config}. Point "
+                                 "trainer.snapshot_dir elsewhere or match the model settings.")
+    try:
+        learner.load_state_arrays(arrays)
+    except (KeyError, RuntimeError, ValueError, TypeError) as exc:  # missing arrays, wrong shapes or dtypes
+        raise SnapshotError(f"snapshot v{version}: {WEIGHTS} does not fit the model ({exc!r})") from exc
     learner.samples_trained = manifest.samples_seen
     learner.sample_digest = int(manifest.sample_digest, 16)
     return manifest
@@ -59,11 +71,20 @@ class SnapshotPublisher:
         self._thread: threading.Thread | None = None
         self._manifest: Manifest | None = None
         self._error: BaseException | None = None
+        self._not_written: OSError | None = None
+        self.failures = 0  # snapshots that could not be written (a full disk, say); training went on
 
     def current_auc(self) -> float | None:
-        """The gate's reference: the AUC recorded in the current snapshot's manifest, None without one."""
+        """The gate's reference: the AUC recorded in the current snapshot's manifest; None without a
+        current snapshot or when it is damaged (nothing can serve it: an intact one may replace it)."""
         current = self.pointer.current_version()
-        return self.store.manifest(current).metrics.get("auc") if current in self.store.versions() else None
+        if current not in self.store.versions():
+            return None
+        try:
+            return self.store.manifest(current).metrics.get("auc")
+        except SnapshotError as exc:
+            log.warning("the current snapshot v%d is damaged (%s): the next snapshot is promoted", current, exc)
+            return None
 
     def begin(self, manifest: Manifest, arrays: dict[str, np.ndarray]) -> Manifest | None:
         """Starts publishing (steps 2-4 in the background); returns the previous publication, finished."""
@@ -76,6 +97,13 @@ class SnapshotPublisher:
     def _publish(self, manifest: Manifest, arrays: dict[str, np.ndarray]) -> None:
         try:
             self.store.write(manifest, arrays)
+        except OSError as exc:  # nothing names it yet: training goes on, the next checkpoint tries again
+            self._not_written = exc
+            return
+        except BaseException as exc:
+            self._error = exc
+            return
+        try:
             self.outputs.announce(announcement(self.store, manifest))
             if manifest.promoted:
                 self.pointer.set_current(manifest.version)
@@ -84,13 +112,20 @@ class SnapshotPublisher:
 
     def finish(self) -> Manifest | None:
         """Waits for the publication under way, then commits offsets and prunes (step 5); returns its
-        manifest, None when none was under way. A failed publication raises here."""
+        manifest, None when none was under way or its files could not be written (logged, counted in
+        `failures`; the caller's next checkpoint tries again). Any other failure raises here."""
         if self._thread is None:
             return None
         self._thread.join()
         self._thread = None
         manifest, self._manifest = self._manifest, None
         assert manifest is not None
+        if self._not_written is not None:
+            error, self._not_written = self._not_written, None
+            self.failures += 1
+            log.error("snapshot v%d was not written to %s: %s; nothing names it, training goes on and the next "
+                      "snapshot tries again", manifest.version, self.store.root, error.strerror or error)
+            return None
         if self._error is not None:
             error, self._error = self._error, None
             raise RuntimeError(f"publishing snapshot v{manifest.version} failed: {error}") from error

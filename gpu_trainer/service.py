@@ -14,16 +14,16 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from core.settings import Settings, TrainerSettings
 from gpu_trainer.base import ModelPointer, Positions, SampleSource, TrainerOutputs
 from gpu_trainer.batch import Columns
 from gpu_trainer.learner import Learner
 from gpu_trainer.publisher import SnapshotPublisher, restore
-from gpu_trainer.snapshots import Manifest, SnapshotStore, now_ms, should_promote
+from gpu_trainer.snapshots import Manifest, SnapshotError, SnapshotStore, now_ms, should_promote
 from gpu_trainer.telemetry import TrainerMetrics
-from gpu_trainer.validation import check_samples
+from gpu_trainer.validation import check_samples, sample_key
 from schemas.dead_letter import Reject
 from schemas.feature_set import FEATURE_NAMES, FEATURE_SET
 
@@ -58,6 +58,7 @@ class TrainerService:
         self.newest_event_ms: int | None = None
         self.resumed_from: int | None = None
         self._resumed = False
+        self._already_dead_lettered: set[bytes] = set()
         self._since_snapshot = 0
         self._dirty = False
         self._reverts = 0
@@ -85,16 +86,34 @@ class TrainerService:
         return manifest
 
     def resume(self) -> int | None:
-        """Restores the newest snapshot, if any; the source starts at its offsets. `run` calls it
-        unless it was called already."""
+        """Restores the newest intact snapshot, if any (a damaged one is skipped, with the reason
+        logged); the source starts at its offsets. Also sweeps what interrupted writes left behind
+        and learns which dead letters the samples after the snapshot already got, so that reading
+        them again writes none twice. `run` calls it unless it was called already."""
         self._resumed = True
-        latest = self.store.latest_version()
-        if latest is not None:
-            manifest = self._restore(latest)
-            log.info("resumed from snapshot v%d: %d samples, offsets %s", latest, manifest.samples_seen,
+        for debris in self.store.sweep_temporary():
+            log.warning("removed %s, left by an interrupted snapshot write", debris)
+        skipped: list[str] = []
+        manifest = None
+        for version in reversed(self.store.versions()):
+            try:
+                manifest = self._restore(version)
+                break
+            except SnapshotError as exc:
+                log.error("cannot resume from snapshot v%d: %s", version, exc)
+                skipped.append(f"v{version}: {exc}")
+        if skipped:
+            if manifest is None:  # the learner may hold part of a damaged snapshot: start it anew
+                self.learner = Learner(self.cfg, self.n_features)
+            log.warning("%s; skipped: %s", f"resumed from v{self.version}, the newest intact snapshot"
+                        if manifest else "no intact snapshot: training starts from scratch", "; ".join(skipped))
+        if manifest is not None:
+            log.info("resumed from snapshot v%d: %d samples, offsets %s", self.version, manifest.samples_seen,
                      self.positions)
-        self.resumed_from = latest
-        return latest
+        self.resumed_from = self.version if manifest is not None else None
+        since_ms = manifest.created_at - 60_000 if manifest is not None else 0
+        self._already_dead_lettered = self.outputs.dead_lettered_since(since_ms)
+        return self.resumed_from
 
     def run(self, max_samples: int | None = None, idle_exit_s: float | None = None,
             should_stop: Callable[[], bool] = lambda: False) -> RunSummary:
@@ -102,6 +121,7 @@ class TrainerService:
         if not self._resumed:
             self.resume()
         self.source.start(self.positions)
+        log.info("consuming %s from %s", self.source.topic, self.positions or "the beginning")
         if self.cfg.metrics_port:
             self.metrics.serve(self.cfg.metrics_port)
         last_input = time.monotonic()
@@ -110,8 +130,9 @@ class TrainerService:
                 if max_samples is not None and self.learner.samples_trained >= max_samples:
                     break
                 polled = self.source.poll(self.cfg.batch_size, self.cfg.batch_timeout_ms / 1000.0)
-                columns = Columns.from_records(polled.records)
-                good, rejects = check_samples(columns, self.n_features, FEATURE_SET, self.source.topic)
+                columns = Columns.from_records(polled.records, width=self.n_features)
+                good, rejects = check_samples(columns, self.n_features, FEATURE_SET, self.source.topic,
+                                              self.cfg.max_id_length)
                 self._dead_letter(polled.rejected + rejects)
                 if good.any():
                     self._train(columns.select(good))
@@ -131,25 +152,32 @@ class TrainerService:
             try:
                 if self._dirty:
                     self.checkpoint()
-                self._record(self.publisher.finish())
+                self._finish_publication()
             finally:
                 self.source.close()
         return RunSummary(self.learner.samples_trained, self.dead_lettered, self.written, self.promoted,
                           self.resumed_from)
 
     def _dead_letter(self, rejects: list[Reject]) -> None:
-        if rejects:
-            self.outputs.dead_letter(rejects)
-            self.dead_lettered += len(rejects)
-            self.metrics.dead_lettered.inc(len(rejects))
+        """Counts every reject; writes those not dead-lettered before (a restart reads again what came
+        after its snapshot: their dead letters were written already, their count was not kept)."""
+        if not rejects:
+            return
+        keyed = [r if r.key is not None else replace(r, key=f"{r.topic}:{r.partition}:{r.offset}".encode())
+                 for r in rejects]
+        new = [r for r in keyed if r.key not in self._already_dead_lettered]
+        if new:
+            self.outputs.dead_letter(new)
+        self.dead_lettered += len(rejects)
+        self.metrics.dead_lettered.inc(len(rejects))
 
     def _train(self, columns: Columns) -> None:
         began = time.monotonic()
         result = self.learner.step(columns.to_batch(self.cfg.user_buckets, self.cfg.item_buckets))
         took = time.monotonic() - began
         if not result.trained:  # non-finite loss: the batch is not learned from, so it is dead-lettered
-            self._dead_letter([Reject(f"sample {sid}: non-finite training loss", self.source.topic)
-                               for sid in columns.sample_id])
+            self._dead_letter([Reject(f"sample {sid}: non-finite training loss", self.source.topic,
+                                      key=sample_key(str(sid))) for sid in columns.sample_id])
             return
         self.metrics.batch_latency.observe(took)
         self.metrics.samples.inc(len(columns))
@@ -165,22 +193,24 @@ class TrainerService:
                 or time.monotonic() - self._last_snapshot_at >= self.cfg.snapshot_every_s)
 
     def _update_gauges(self) -> None:
+        """Once a second at most: the rolling AUC sorts the whole evaluation window."""
+        if time.monotonic() - self._lag_at < 1.0:
+            return
+        self._lag_at = time.monotonic()
         auc, loss = self.learner.published_prequential.auc(), self.learner.published_prequential.logloss()
         if auc is not None:
             self.metrics.auc.set(auc)
         if loss is not None:
             self.metrics.logloss.set(loss)
-        if time.monotonic() - self._lag_at >= 1.0:
-            self._lag_at = time.monotonic()
-            with contextlib.suppress(Exception):  # lag is best-effort telemetry; never stop training for it
-                self.metrics.lag.set(self.source.lag())
+        with contextlib.suppress(Exception):  # lag is best-effort telemetry; never stop training for it
+            self.metrics.lag.set(self.source.lag())
 
     def checkpoint(self) -> Manifest | None:
         """Starts publishing a snapshot (see gpu_trainer.publisher for the order). Non-finite weights
         are never published: training goes back to the last snapshot instead. The promotion gate
         compares the prequential AUC of the weights being published (the EMA when it is on) with the
         current snapshot's."""
-        self._record(self.publisher.finish())
+        self._finish_publication()
         self._since_snapshot = 0
         self._dirty = False
         self._last_snapshot_at = time.monotonic()
@@ -195,7 +225,8 @@ class TrainerService:
         if promoted:
             self.learner.consolidate()
         manifest = Manifest(
-            version=self.version + 1, parent=self.version or None, created_at=now_ms(),
+            version=max(self.version, self.store.highest_taken()) + 1, parent=self.version or None,
+            created_at=now_ms(),
             model_name=self.learner.model_name, model_config=self.learner.config, feature_set=FEATURE_SET,
             offsets=[{"topic": t, "partition": p, "offset": o} for (t, p), o in sorted(self.positions.items())],
             samples_seen=self.learner.samples_trained, sample_digest=f"{self.learner.sample_digest:016x}",
@@ -206,9 +237,16 @@ class TrainerService:
             newest_event_ms=self.newest_event_ms, promoted=promoted,
         )
         arrays = {k: v.copy() for k, v in self.learner.state_arrays().items()}
-        self.version = manifest.version
-        self._record(self.publisher.begin(manifest, arrays))
+        self.publisher.begin(manifest, arrays)
         return manifest
+
+    def _finish_publication(self) -> None:
+        failures = self.publisher.failures
+        finished = self.publisher.finish()
+        if self.publisher.failures > failures:
+            self._dirty = True  # its samples are in no snapshot yet: the next one (or the final one) takes them
+            self.metrics.snapshot_failures.inc()
+        self._record(finished)
 
     def _published(self, manifest: Manifest) -> None:
         """Step 5 of a publication, on the training thread: offsets committed for lag tools."""
@@ -217,6 +255,7 @@ class TrainerService:
     def _record(self, manifest: Manifest | None) -> None:
         if manifest is None:
             return
+        self.version = manifest.version
         self.written.append(manifest.version)
         if manifest.promoted:
             self.promoted.append(manifest.version)

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import time
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,8 @@ class _HashingWriter:
         self._pos = 0
 
     def write(self, data: bytes) -> int:
+        if self._fh.closed:  # numpy's ZipFile finishing itself after a failed write (a full disk): drop it
+            return len(data)
         self._sha.update(data)
         self._pos += len(data)
         return self._fh.write(data)
@@ -82,7 +85,8 @@ class _HashingWriter:
         return False
 
     def flush(self) -> None:
-        self._fh.flush()
+        if not self._fh.closed:
+            self._fh.flush()
 
     def hexdigest(self) -> str:
         return self._sha.hexdigest()
@@ -108,6 +112,23 @@ class SnapshotStore:
         versions = self.versions()
         return versions[-1] if versions else None
 
+    def highest_taken(self) -> int:
+        """The highest version number any snapshot directory has, intact or not (0 without any): a
+        new snapshot takes the next one, never the name of a broken one."""
+        if not self.root.is_dir():
+            return 0
+        return max((int(p.name[1:]) for p in self.root.iterdir() if p.name[:1] == "v" and p.name[1:].isdigit()),
+                   default=0)
+
+    def sweep_temporary(self) -> list[Path]:
+        """Removes what an interrupted write left behind (`.tmp-v*`); returns what it removed."""
+        if not self.root.is_dir():
+            return []
+        debris = [p for p in self.root.iterdir() if p.name.startswith(".tmp-v")]
+        for p in debris:
+            shutil.rmtree(p, ignore_errors=True)
+        return debris
+
     def write(self, manifest: Manifest, arrays: dict[str, np.ndarray]) -> Path:
         """Writes weights then manifest under a temporary name, fsyncs, and renames into place."""
         final = self.path(manifest.version)
@@ -116,24 +137,31 @@ class SnapshotStore:
         tmp = self.root / f".tmp-v{manifest.version:06d}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        with open(tmp / WEIGHTS, "wb") as fh:
-            hashing = _HashingWriter(fh)
-            np.savez(hashing, **arrays)
-            fh.flush()
-            os.fsync(fh.fileno())
-        manifest.files = {WEIGHTS: hashing.hexdigest()}
-        with open(tmp / MANIFEST, "w") as fh:
-            json.dump(asdict(manifest), fh, indent=2, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        tmp.rename(final)
+        try:
+            with open(tmp / WEIGHTS, "wb") as fh:
+                hashing = _HashingWriter(fh)
+                np.savez(hashing, **arrays)
+                fh.flush()
+                os.fsync(fh.fileno())
+            manifest.files = {WEIGHTS: hashing.hexdigest()}
+            with open(tmp / MANIFEST, "w") as fh:
+                json.dump(asdict(manifest), fh, indent=2, sort_keys=True)
+                fh.flush()
+                os.fsync(fh.fileno())
+            tmp.rename(final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # a half-written snapshot must not keep the disk full
+            raise
         return final
 
     def manifest(self, version: int) -> Manifest:
         path = self.path(version) / MANIFEST
         if not path.is_file():
             raise SnapshotError(f"no snapshot v{version} in {self.root}")
-        return Manifest(**json.loads(path.read_text()))
+        try:
+            return Manifest(**json.loads(path.read_text()))
+        except (ValueError, TypeError) as exc:  # JSON syntax, or fields that are not a manifest's
+            raise SnapshotError(f"snapshot v{version}: {MANIFEST} is unreadable ({exc})") from exc
 
     def manifest_sha256(self, version: int) -> str:
         return sha256_file(self.path(version) / MANIFEST)
@@ -141,12 +169,25 @@ class SnapshotStore:
     def load(self, version: int) -> tuple[Manifest, dict[str, np.ndarray]]:
         """The manifest and arrays, after checking every file's sha256."""
         manifest = self.manifest(version)
+        if WEIGHTS not in manifest.files:
+            raise SnapshotError(f"snapshot v{version}: the manifest lists no {WEIGHTS}")
         for name, expected in manifest.files.items():
-            actual = sha256_file(self.path(version) / name)
+            path = self.path(version) / name
+            if not path.is_file():
+                raise SnapshotError(f"snapshot v{version}: {name} is missing")
+            actual = sha256_file(path)
             if actual != expected:
                 raise SnapshotError(f"snapshot v{version}: {name} has sha256 {actual}, manifest says {expected}")
-        with np.load(self.path(version) / WEIGHTS, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
+        try:
+            with np.load(self.path(version) / WEIGHTS, allow_pickle=False) as npz:
+                arrays = {k: npz[k] for k in npz.files}
+        except ValueError as exc:
+            if "allow_pickle" in str(exc):
+                raise SnapshotError(f"snapshot v{version}: {WEIGHTS} holds pickled Python objects; refused "
+                                    "(loading them could run code)") from exc
+            raise SnapshotError(f"snapshot v{version}: {WEIGHTS} is not a numpy archive ({exc})") from exc
+        except (OSError, EOFError, zipfile.BadZipFile) as exc:
+            raise SnapshotError(f"snapshot v{version}: {WEIGHTS} is not a numpy archive ({exc})") from exc
         return manifest, arrays
 
     def prune(self, keep_last: int, keep: set[int]) -> list[int]:

@@ -23,6 +23,8 @@ class TrainerMetrics:
         self.current = Gauge("rtrec_trainer_current_version", "Promoted (current) snapshot version", registry=r)
         self.collision_rate = Gauge("rtrec_trainer_embedding_collision_rate",
                                     "Share of distinct ids that share an embedding row", ["table"], registry=r)
+        self.snapshot_failures = Counter("rtrec_trainer_snapshot_write_failures",
+                                         "Snapshots that could not be written (e.g. a full disk)", registry=r)
         self.freshness = Gauge("rtrec_trainer_freshness_seconds",
                                "Snapshot time minus the newest event time it contains", registry=r)
 

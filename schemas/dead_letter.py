@@ -23,7 +23,7 @@ class Reject:
     topic: str | None = None
     partition: int | None = None
     offset: int | None = None
-    key: bytes | None = None
+    key: bytes | None = None  # what identifies the record to whoever reads the dead letters again
     value: bytes | None = None  # the raw record, where it is worth keeping
 
 

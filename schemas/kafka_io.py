@@ -137,19 +137,40 @@ def consume_until(consumer: AvroConsumer, n: int, timeout_s: float = 30.0) -> Co
     return total
 
 
+_NOT_READY = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+              KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT}
+
+
+def _end_offset(consumer: Consumer, tp: TopicPartition, deadline: float) -> int:
+    """The partition's end offset; a partition just created has no leader for a moment, so those
+    errors are retried until `deadline`."""
+    while True:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=max(deadline - time.monotonic(), 1.0))[1]
+        except KafkaException as exc:
+            if exc.args[0].code() not in _NOT_READY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def read_topic(bootstrap: str, topic: str, schema_name: str, timeout_s: float = 60.0,
-               isolation_level: str = "read_committed") -> ConsumedBatch:
-    """Every record from the beginning up to the end offsets seen at call time (no consumer group)."""
+               isolation_level: str = "read_committed", since_ms: int | None = None) -> ConsumedBatch:
+    """Every record from the beginning (or from the first with a timestamp at or after `since_ms`) up
+    to the end offsets seen at call time (no consumer group)."""
     consumer = AvroConsumer(bootstrap, "rtrec-reader", None, schema_name, isolation_level=isolation_level)
     raw = consumer.raw
     try:
-        partitions = raw.list_topics(topic, timeout=timeout_s).topics[topic].partitions
-        ends = {p: raw.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1] for p in partitions}
-        raw.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p, end in ends.items() if end > 0])
-        total = ConsumedBatch([], [], {})
         deadline = time.monotonic() + timeout_s
+        partitions = raw.list_topics(topic, timeout=timeout_s).topics[topic].partitions
+        ends = {p: _end_offset(raw, TopicPartition(topic, p), deadline) for p in partitions}
+        starts = dict.fromkeys(ends, OFFSET_BEGINNING)
+        if since_ms is not None and ends:
+            found = raw.offsets_for_times([TopicPartition(topic, p, since_ms) for p in ends], timeout=timeout_s)
+            starts = {tp.partition: tp.offset if tp.offset >= 0 else ends[tp.partition] for tp in found}
         # the position, not the last record's offset: transaction markers take offsets too
-        reached = dict.fromkeys(ends, 0)
+        reached = {p: max(starts[p], 0) for p in ends}
+        raw.assign([TopicPartition(topic, p, starts[p]) for p, end in ends.items() if reached[p] < end])
+        total = ConsumedBatch([], [], {})
         while time.monotonic() < deadline and any(reached[p] < end for p, end in ends.items()):
             total.extend(consumer.poll_batch(timeout_s=0.5))
             for tp in raw.position([TopicPartition(topic, p) for p in ends]):

@@ -8,6 +8,7 @@ import click
 import numpy as np
 
 from core.settings import Settings
+from rtrec.cli.signals import graceful_stop
 from rtrec.services.process import ServiceError
 
 
@@ -22,7 +23,8 @@ def demo_command(settings: Settings, seconds: float, rate: float, out_dir: Path)
     from rtrec.demo import run_demo
 
     try:
-        r = run_demo(settings, seconds, rate, say=click.echo, out_dir=out_dir)
+        with graceful_stop(120.0, interrupt=True):  # SIGTERM as Ctrl-C: the demo stops cleanly and reports
+            r = run_demo(settings, seconds, rate, say=click.echo, out_dir=out_dir)
     except ServiceError as exc:
         raise click.ClickException(str(exc)) from exc
     aucs = [h["auc"] for h in r.auc_history if h["auc"] is not None]

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import signal
 import threading
 
 import click
 
 from core.settings import Settings
 from feature_store.redis_store import RedisFeatureStore
+from rtrec.cli.signals import graceful_stop
 
 
 @click.group("features")
@@ -22,12 +22,16 @@ def features_group() -> None:
 @click.option("--no-loader", is_flag=True, help="Do not feed Redis from the features topic in this process.")
 @click.pass_obj
 def run(settings: Settings, fresh: bool, no_loader: bool) -> None:
-    """Run the feature job on an embedded mini-cluster plus the Redis loader, until Ctrl-C."""
+    """Run the feature job on an embedded mini-cluster plus the Redis loader, until SIGTERM or Ctrl-C."""
+    with graceful_stop(60.0) as stop:
+        _run_job(settings, fresh, no_loader, stop)
+    click.echo("stopped (checkpoints are retained; the next run resumes from the newest)")
+
+
+def _run_job(settings: Settings, fresh: bool, no_loader: bool, stop: threading.Event) -> None:
     from feature_store.loader import LoaderConfig, run_loader
     from flink_jobs.runner import start_job
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     result = start_job(settings, resume=not fresh)
     client = result.get_job_client()
     click.echo(f"feature job {client.get_job_id()} running; Ctrl-C stops it")
@@ -41,14 +45,11 @@ def run(settings: Settings, fresh: bool, no_loader: bool) -> None:
         while not stop.wait(1.0):
             if str(client.get_job_status().result()) in ("FAILED", "CANCELED", "FINISHED"):
                 raise click.ClickException(f"feature job ended: {client.get_job_status().result()}")
-    except KeyboardInterrupt:
-        pass
     finally:
         stop.set()
         client.cancel().result()
         if loader is not None:
             loader.join(10)
-    click.echo("stopped (checkpoints are retained; the next run resumes from the newest)")
 
 
 @features_group.command("load")
@@ -57,13 +58,9 @@ def load(settings: Settings) -> None:
     """Feed Redis from the features topic until Ctrl-C (add processes to scale by partition)."""
     from feature_store.loader import LoaderConfig, run_loader
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
+    with graceful_stop(30.0) as stop:
         stats = run_loader(LoaderConfig.from_settings(settings), RedisFeatureStore.from_settings(settings.redis),
                            should_stop=stop.is_set)
-    except KeyboardInterrupt:
-        return
     click.echo(f"loaded {stats.records} feature records, {stats.slots_written} slots written")
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from core.settings import Settings
+from rtrec.cli.signals import graceful_stop
 from rtrec.sources.produce import produce_replay, produce_synthetic
 from rtrec.sources.replay import ColumnMapping, ReplayError
 
@@ -35,7 +36,8 @@ def synthetic(settings: Settings, events: int, rate: float | None, seed: int | N
     if live and rate:
         update["events_per_second_event_time"] = rate
     settings = settings.model_copy(update={"synthetic": settings.synthetic.model_copy(update=update)})
-    summary = produce_synthetic(settings, events or None, rate, start_ms, live=live)
+    with graceful_stop(30.0) as stop:  # SIGTERM or Ctrl-C: what was sent is delivered, then exit 0
+        summary = produce_synthetic(settings, events or None, rate, start_ms, live=live, should_stop=stop.is_set)
     click.echo(f"produced {summary.produced} events to {settings.kafka.topics.events} "
                f"in {summary.seconds:.1f}s ({summary.rate:,.0f} ev/s)")
 

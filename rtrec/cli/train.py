@@ -8,6 +8,7 @@ import click
 
 from core.settings import Settings
 from gpu_trainer.service import TrainerService
+from rtrec.cli.signals import graceful_stop
 
 
 @click.group("train")
@@ -21,10 +22,13 @@ def train_group() -> None:
 @click.option("--model", type=click.Choice(["mf", "deepfm"]), default=None, help="Overrides trainer.model.")
 @click.pass_obj
 def run(settings: Settings, max_samples: int | None, idle_exit_s: float | None, model: str | None) -> None:
-    """Consume training samples, train incrementally, publish snapshots (Ctrl-C: final snapshot, exit)."""
+    """Consume training samples, train incrementally, publish snapshots. SIGTERM or Ctrl-C: a final
+    snapshot, then exit 0 (within trainer.shutdown_timeout_s; a second signal exits at once)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if model:
         settings = settings.model_copy(update={"trainer": settings.trainer.model_copy(update={"model": model})})
-    summary = TrainerService.from_settings(settings).run(max_samples=max_samples, idle_exit_s=idle_exit_s)
+    with graceful_stop(settings.trainer.shutdown_timeout_s) as stop:
+        summary = TrainerService.from_settings(settings).run(max_samples=max_samples, idle_exit_s=idle_exit_s,
+                                                             should_stop=stop.is_set)
     click.echo(f"trained {summary.samples_trained} samples, dead-lettered {summary.dead_lettered}, "
                f"snapshots {summary.snapshots}, promoted {summary.promoted}, resumed from v{summary.resumed_from}")

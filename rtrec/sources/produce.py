@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,14 +39,17 @@ def _events_producer(settings: Settings) -> AvroProducer:
 
 
 def _send(producer: AvroProducer, events: Iterable[dict[str, Any]], total: int | None, rate: float | None,
-          speedup: float | None, progress: bool) -> int:
+          speedup: float | None, progress: bool, should_stop: Callable[[], bool] = lambda: False) -> int:
     """Produces keyed by user (so a user's events stay ordered in one partition), paced by `rate`
-    events/s or by `speedup` x event time; returns the number produced."""
+    events/s or by `speedup` x event time, until `total` or `should_stop()`; everything sent is
+    delivered before it returns. Returns the number produced."""
     n = 0
     started = time.monotonic()
     first_event_ms: int | None = None
     bar = tqdm(total=total, unit="ev", disable=not progress, file=sys.stderr, mininterval=0.5)
     for event in events:
+        if should_stop():
+            break
         if speedup:
             first_event_ms = first_event_ms if first_event_ms is not None else event["event_time"]
             due = (event["event_time"] - first_event_ms) / 1000.0 / speedup
@@ -70,7 +73,8 @@ def _send(producer: AvroProducer, events: Iterable[dict[str, Any]], total: int |
 
 
 def produce_synthetic(settings: Settings, n: int | None, rate: float | None = None, start_ms: int | None = None,
-                      progress: bool = True, live: bool = False) -> ProduceSummary:
+                      progress: bool = True, live: bool = False,
+                      should_stop: Callable[[], bool] = lambda: False) -> ProduceSummary:
     """`n` synthetic events (None: endless) at `rate` events/s (None: as fast as possible). `live`
     paces by event time instead, so event time follows the wall clock (each event is sent when its
     time comes; the rate is then the generator's `events_per_second_event_time` plus its clicks)."""
@@ -78,7 +82,7 @@ def produce_synthetic(settings: Settings, n: int | None, rate: float | None = No
     producer = _events_producer(settings)
     began = time.monotonic()
     produced = _send(producer, SyntheticEvents(settings.synthetic, start), n, None if live else rate,
-                     1.0 if live else None, progress)
+                     1.0 if live else None, progress, should_stop)
     return ProduceSummary(produced, produced, 0, time.monotonic() - began)
 
 

@@ -65,6 +65,9 @@ class ListOutputs:
     def dead_letter(self, rejects: Sequence[Reject]) -> None:
         self.dead.extend(rejects)
 
+    def dead_lettered_since(self, since_ms: int) -> set[bytes]:
+        return {r.key for r in self.dead if r.key is not None}
+
     def announce(self, snapshot: Mapping[str, Any]) -> None:
         self.announced.append(dict(snapshot))
 

@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 
 from core.settings import TrainerSettings
+from gpu_trainer import snapshots
 from gpu_trainer.service import TrainerService
 from gpu_trainer.snapshots import SnapshotStore
 from schemas.dead_letter import Reject
 from tests.gpu_trainer.fakes import TOPIC, ListOutputs, ListSource, MemoryPointer
 from tests.gpu_trainer.samples import digest, make_samples
+from tests.gpu_trainer.snapshot_damage import DAMAGE, changed_bytes
 
 
 def config(tmp_path: Path, **kw: object) -> TrainerSettings:
@@ -139,3 +141,111 @@ def test_without_ema_the_published_weights_are_the_trained_ones(tmp_path: Path) 
     assert trainer.learner.published_prequential is trainer.learner.prequential
     last = trainer.store.manifest(trainer.store.latest_version())
     assert last.metrics["auc"] == last.metrics["trained_auc"]
+
+
+def test_one_over_long_sample_costs_one_dead_letter_not_the_batch(tmp_path: Path) -> None:
+    good = make_samples(1000)
+    poison = dict(make_samples(1, start=5000)[0], features=[1.0] * 50)
+    source = ListSource({0: good[:500] + [poison] + good[500:]})
+    outputs = ListOutputs()
+    trainer = service(config(tmp_path), source, outputs=outputs)
+    summary = trainer.run(should_stop=lambda: source.lag() == 0)
+    assert summary.samples_trained == 1000 and summary.dead_lettered == 1
+    assert [r.reason for r in outputs.dead] == ["sample s5000: expected 20 features, got 50"]
+
+
+def test_ids_that_are_empty_or_too_long_are_refused(tmp_path: Path) -> None:
+    good = make_samples(300)
+    bad = [dict(make_samples(1, start=7000)[0], user_id=""), dict(make_samples(1, start=7001)[0], item_id="i" * 300)]
+    source = ListSource({0: good + bad})
+    outputs = ListOutputs()
+    summary = service(config(tmp_path, max_id_length=256), source, outputs=outputs).run(
+        should_stop=lambda: source.lag() == 0)
+    assert summary.samples_trained == 300
+    assert [r.key for r in outputs.dead] == [b"sample:s7000", b"sample:s7001"]
+    assert all("an id is empty or longer than 256 characters" in r.reason for r in outputs.dead)
+
+
+def test_what_was_dead_lettered_before_a_restart_is_counted_but_not_written_again(tmp_path: Path) -> None:
+    """A restart reads again what came after its snapshot: the dead letters those records got before
+    the crash exist already (the outputs know their keys), so only their count is rebuilt."""
+    good = make_samples(600)
+    poison = dict(make_samples(1, start=8000)[0], label=5)
+    outputs = ListOutputs()
+    outputs.dead_letter([Reject("sample s8000: label 5.0 is not 0 or 1", TOPIC, key=b"sample:s8000"),
+                         Reject("undecodable", TOPIC, 0, 301, key=f"{TOPIC}:0:301".encode())])
+    source = ListSource({0: good[:300] + [poison, Reject("undecodable", value=b"\x00")] + good[300:]})
+    summary = service(config(tmp_path), source, outputs=outputs).run(should_stop=lambda: source.lag() == 0)
+    assert summary.samples_trained == 600 and summary.dead_lettered == 2
+    assert len(outputs.dead) == 2  # the two written before the "crash", none again
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_newest_snapshot_falls_back_to_the_newest_intact_one(
+        tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+    cfg, samples = config(tmp_path), make_samples(3000)
+    first = service(cfg, ListSource({0: samples[:2000]}))
+    first.run(should_stop=lambda: first.source.lag() == 0)  # type: ignore[attr-defined]
+    store = SnapshotStore(cfg.snapshot_dir)
+    newest, previous = store.versions()[-1], store.versions()[-2]
+    apply, reason = DAMAGE[damage]
+    apply(store, newest)
+
+    source = ListSource({0: samples})
+    second = service(cfg, source)
+    with caplog.at_level("WARNING", logger="rtrec.trainer"):
+        assert second.resume() == previous
+    said = caplog.text
+    assert f"cannot resume from snapshot v{newest}" in said and reason in said
+    assert f"resumed from v{previous}, the newest intact snapshot" in said
+    summary = second.run(should_stop=lambda: source.lag() == 0)
+    assert summary.samples_trained == 3000  # what v{newest} held is trained again from v{previous}'s offsets
+    assert store.manifest(store.latest_version()).sample_digest == digest(samples)
+    assert min(summary.snapshots) == newest + 1  # the damaged one keeps its number
+
+
+def test_no_intact_snapshot_starts_from_scratch_and_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cfg = config(tmp_path)
+    first = service(cfg, ListSource({0: make_samples(1200)}))
+    first.run(should_stop=lambda: first.source.lag() == 0)  # type: ignore[attr-defined]
+    store = SnapshotStore(cfg.snapshot_dir)
+    for v in store.versions():
+        changed_bytes(store, v)
+    with caplog.at_level("WARNING", logger="rtrec.trainer"):
+        assert service(cfg, ListSource({0: []})).resume() is None
+    assert "no intact snapshot: training starts from scratch" in caplog.text
+
+
+def test_a_full_disk_leaves_no_debris_and_training_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """The second snapshot meets a full disk halfway through its weights (tests/faults does it on a
+    real full filesystem); the half-written directory goes, training goes on, the next one succeeds."""
+    cfg, samples = config(tmp_path), make_samples(3000)
+    source = ListSource({0: samples})
+    trainer = service(cfg, source)
+    real_savez, calls = np.savez, []
+
+    def full_once(file: object, **arrays: object) -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            file.write(b"partial")  # type: ignore[attr-defined]
+            raise OSError(28, "No space left on device")
+        real_savez(file, **arrays)
+
+    monkeypatch.setattr(snapshots.np, "savez", full_once)
+    with caplog.at_level("ERROR", logger="rtrec.trainer"):
+        summary = trainer.run(should_stop=lambda: source.lag() == 0)
+    assert "snapshot v2 was not written" in caplog.text and "No space left on device" in caplog.text
+    assert trainer.publisher.failures == 1 and summary.samples_trained == 3000
+    assert summary.snapshots == [1, 2]  # v2 is the number the failed one would have had
+    assert sorted(p.name for p in cfg.snapshot_dir.iterdir()) == ["v000001", "v000002"]  # no .tmp-* left
+    assert trainer.store.manifest(2).sample_digest == digest(samples)
+
+
+def test_interrupted_writes_are_swept_at_start(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    debris = cfg.snapshot_dir / ".tmp-v000007-4242"
+    debris.mkdir(parents=True)
+    (debris / "weights.npz").write_bytes(b"x" * 1000)
+    service(cfg, ListSource({0: []})).resume()
+    assert not debris.exists()
