@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 
@@ -56,6 +56,19 @@ def consumer_config(bootstrap: str, group_id: str, isolation_level: str = "read_
     }
 
 
+# Errors a client sees while a broker restarts or moves a partition: they pass, so they are retried.
+_TRANSIENT = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT, KafkaError._WAIT_COORD,
+              KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
+              KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.REBALANCE_IN_PROGRESS,
+              KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.NETWORK_EXCEPTION,
+              KafkaError._NO_OFFSET}
+
+
+def is_transient(error: KafkaError) -> bool:
+    """Whether an error passes by itself (a broker restarting), as opposed to one that needs a person."""
+    return not error.fatal() and (error.retriable() or error.code() in _TRANSIENT)
+
+
 def poll_messages(consumer: Consumer, max_records: int, timeout_s: float, fill: bool = False) -> list[Message]:
     """Up to `max_records` messages within `timeout_s`; end-of-partition events are skipped, errors raised.
 
@@ -70,7 +83,23 @@ def poll_messages(consumer: Consumer, max_records: int, timeout_s: float, fill: 
             err = msg.error()
             if err is None:
                 out.append(msg)
-            elif err.code() != KafkaError._PARTITION_EOF:
-                raise KafkaException(err)
+            elif err.code() != KafkaError._PARTITION_EOF and not is_transient(err):
+                raise KafkaException(err)  # transient ones: librdkafka reconnects and fetches again
         if not fill or len(out) >= max_records or remaining <= 0:
             return out
+
+
+def group_lag(bootstrap: str, group_id: str, topic: str, timeout_s: float = 10.0) -> dict[int, int]:
+    """Per partition, the records between the group's committed offset (the partition's start when it
+    has none) and the partition's end; read without joining the group."""
+    consumer = Consumer(consumer_config(bootstrap, group_id))
+    try:
+        partitions = sorted(consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions)
+        committed = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout_s)
+        lag = {}
+        for tp in committed:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=timeout_s)
+            lag[tp.partition] = high - (tp.offset if tp.offset >= 0 else low)
+        return lag
+    finally:
+        consumer.close()

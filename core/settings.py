@@ -121,6 +121,11 @@ class FlinkSettings(Section):
     attribution_window_s: int = 30
     max_future_skew_ms: int = 3_600_000
     max_event_age_ms: int | None = None  # None: any age (historical replays); else older is malformed
+    # Earlier event times are unit errors (seconds taken for milliseconds land in January 1970), not
+    # history: 1980-01-01 by default, so public logs from the 1990s replay. `produce replay` checks it too.
+    min_event_time_ms: int = 315_532_800_000
+    max_event_bytes: int = 65_536  # a larger InteractionEvent value is dead-lettered undecoded
+    max_id_length: int = 256  # event, user and item ids; longer ones are dead-lettered
     group_id: str = "rtrec-features"
     jvm_heap: str = "1g"
     checkpoint_dir: Path = Field(default_factory=lambda: _default_cache_dir() / "flink-checkpoints")
@@ -128,6 +133,7 @@ class FlinkSettings(Section):
     prebuilt_jars_dir: Path | None = None  # jars baked into an image; None: resolve with Maven, build the UDFs
     loader_group_id: str = "rtrec-redis-loader"
     loader_batch: int = 20_000
+    loader_outage_s: float = 300.0  # Redis or Kafka unreachable this long: the loader exits non-zero
     # read_uncommitted: Redis sees a window as soon as the job sends it, not at the next checkpoint.
     # Safe because the job recomputes an aborted transaction's windows from the same events after
     # recovery, and a write for the same window end replaces the earlier one (newest window wins).

@@ -11,16 +11,25 @@ reach Redis when the job sends them instead of at the next checkpoint.
 
 from __future__ import annotations
 
+import functools
+import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
-from core.kafka import ensure_topics, producer_config
+import redis
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
+
+from core.kafka import ensure_topics, is_transient, producer_config
 from core.settings import Settings
 from feature_store.base import FeatureWriter
 from schemas.dead_letter import dead_letter
 from schemas.kafka_io import AvroConsumer, AvroProducer
+
+log = logging.getLogger("rtrec.loader")
+T = TypeVar("T")
 
 
 @dataclass
@@ -44,31 +53,105 @@ class LoaderConfig:
     isolation_level: str = "read_committed"
     # a poll returns after this long with what has arrived: a record waits at most that long for Redis
     poll_timeout_s: float = 0.05
+    # how long Redis or Kafka may be unreachable before the loader gives up (LoaderError, a non-zero exit)
+    outage_s: float = 300.0
+    # offsets are committed this long after their records were written: Redis's appendfsync everysec
+    # can lose up to about two seconds of writes when it is killed
+    commit_lag_s: float = 2.5
+    # rebuild: read every partition from its beginning, whatever the group committed (Redis was lost);
+    # newest-window-wins makes writing old windows again harmless
+    from_beginning: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> LoaderConfig:
         k, f = settings.kafka, settings.flink
         return replace(cls(k.bootstrap_servers, k.topics.features, k.topics.dead_letter, f.loader_group_id,
-                           f.loader_batch, k.partitions, f.loader_isolation), **overrides)
+                           f.loader_batch, k.partitions, f.loader_isolation, outage_s=f.loader_outage_s),
+                       **overrides)
+
+
+class LoaderError(RuntimeError):
+    """The loader cannot go on (an outage longer than its bound, or an error that needs a person)."""
+
+
+def _transient(exc: BaseException) -> bool:
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError | redis.BusyLoadingError):
+        return True
+    return isinstance(exc, KafkaException) and is_transient(exc.args[0])
+
+
+def retrying(what: str, action: Callable[[], T], outage_s: float, sleep: Callable[[float], None] = time.sleep,
+             on_recovery: Callable[[], None] | None = None) -> T:
+    """`action()`, retried with backoff (0.1 s doubling to 5 s) while it fails transiently, for at most
+    `outage_s`; then LoaderError with the cause. Other errors pass through at once. `on_recovery` runs
+    when it succeeds after having failed."""
+    began, delay, failed = time.monotonic(), 0.1, False
+    while True:
+        try:
+            result = action()
+            if failed and on_recovery is not None:
+                on_recovery()
+            return result
+        except Exception as exc:
+            if not _transient(exc):
+                raise
+            if time.monotonic() - began > outage_s:
+                raise LoaderError(f"{what} failed for {outage_s:.0f} s, giving up: {exc}") from exc
+            failed = True
+            log.warning("%s failed (%s); retrying in %.1f s", what, exc, delay)
+            sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable[[], bool] = lambda: False,
                idle_exit_s: float | None = None, on_batch: Callable[[LoaderStats], None] | None = None) -> LoaderStats:
     """Consumes until `should_stop()` or `idle_exit_s` without records. Order per batch: undecodable
-    records to the dead-letter topic, good ones to Redis (one pipeline), then the offsets committed.
-    A backlog comes in full batches."""
+    records to the dead-letter topic, good ones to Redis (one pipeline, retried through an outage of
+    up to `outage_s`), and `commit_lag_s` later, once Redis has its append-only file on disk, the
+    offsets committed. After Redis was unreachable (it may have restarted and lost its last second),
+    the loader goes back to the committed offsets and writes what follows again; newest-window-wins
+    makes that harmless. A backlog comes in full batches."""
     c = config
     ensure_topics(c.bootstrap, [c.topic], c.partitions)
-    consumer = AvroConsumer(c.bootstrap, c.group_id, [c.topic], "FeatureRecord", isolation_level=c.isolation_level,
+    consumer = AvroConsumer(c.bootstrap, c.group_id, None, "FeatureRecord", isolation_level=c.isolation_level,
                             **{"fetch.min.bytes": 1, "fetch.wait.max.ms": 50})
+    rewound: set[int] = set()
+
+    def on_assign(raw: Any, partitions: list[TopicPartition]) -> None:
+        if c.from_beginning:  # each partition once: a later rebalance resumes from the commits
+            for tp in partitions:
+                if tp.partition not in rewound:
+                    tp.offset = OFFSET_BEGINNING
+                    rewound.add(tp.partition)
+        raw.assign(partitions)
+
+    consumer.raw.subscribe([c.topic], on_assign=on_assign)
     dead = AvroProducer(producer_config(c.bootstrap, linger_ms=5), c.dead_letter_topic, "DeadLetter")
     stats = LoaderStats()
+    pending: deque[tuple[float, dict[tuple[str, int], int]]] = deque()  # (written at, next offsets)
+
+    def commit_durable(all_of_them: bool = False) -> None:
+        durable: dict[tuple[str, int], int] = {}
+        while pending and (all_of_them or time.monotonic() - pending[0][0] >= c.commit_lag_s):
+            durable.update(pending.popleft()[1])
+        if durable:
+            retrying("committing offsets", functools.partial(consumer.commit, durable), c.outage_s)
+
+    def back_to_committed() -> None:
+        pending.clear()
+        assigned = consumer.raw.assignment()
+        for tp in consumer.raw.committed(assigned, timeout=30) if assigned else []:
+            tp.offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+            consumer.raw.seek(tp)
+        log.warning("Redis is back: writing again from the committed offsets, which it had on disk")
+
     last = time.monotonic()
     try:
         while not should_stop():
             got = consumer.poll_batch(max_records=c.batch, timeout_s=c.poll_timeout_s)
-            if got.records:
-                stats.slots_written += store.write_batch(got.records)
+            if got.records:  # the same batch is written until it is in Redis: offsets only move after that
+                stats.slots_written += retrying("writing to Redis", functools.partial(store.write_batch, got.records),
+                                                c.outage_s, on_recovery=back_to_committed)
                 readable_at = int(time.time() * 1000)
                 stats.latencies_ms.extend(readable_at - r["window_end"] for r in got.records)
                 stats.records += len(got.records)
@@ -77,15 +160,20 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
                 now = int(time.time() * 1000)
                 for reject in got.rejected:
                     dead.produce(dead_letter("redis-loader", reject, now))
-                dead.flush()
+                retrying("writing dead letters", dead.flush, c.outage_s)
                 stats.rejected += len(got.rejected)
-            if got.offsets:
-                consumer.commit()
+            if got.offsets or not consumer.raw.assignment():  # idle time counts once partitions are ours
                 last = time.monotonic()
+            if got.offsets:
+                pending.append((time.monotonic(), got.offsets))
                 if on_batch is not None:
                     on_batch(stats)
             elif idle_exit_s is not None and time.monotonic() - last > idle_exit_s:
                 break
+            commit_durable()
+        if pending:  # a clean stop: wait until Redis has the last writes on disk, then commit them
+            time.sleep(max(0.0, c.commit_lag_s - (time.monotonic() - pending[-1][0])))
+            commit_durable(all_of_them=True)
     finally:
         consumer.close()
     return stats

@@ -30,7 +30,9 @@ def decode_args(settings: Settings) -> str:
     f = settings.flink
     past = "CAST(NULL AS BIGINT)" if f.max_event_age_ms is None else f"CAST({f.max_event_age_ms} AS BIGINT)"
     writers = quote(writer_schemas("InteractionEvent"))
-    return f"{writers}, {quote(schema_json('InteractionEvent'))}, {past}, CAST({f.max_future_skew_ms} AS BIGINT)"
+    limits = (f.max_future_skew_ms, f.min_event_time_ms, f.max_event_bytes, f.max_id_length)
+    return f"{writers}, {quote(schema_json('InteractionEvent'))}, {past}, " + ", ".join(
+        f"CAST({n} AS BIGINT)" for n in limits)
 
 
 def slide_s(f: FlinkSettings, horizon_s: int) -> int:

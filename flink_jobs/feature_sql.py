@@ -6,9 +6,10 @@ True
 
 from __future__ import annotations
 
+from feature_store.keys import pair_id_sql
 from flink_jobs.ddl import header_literal
 
-ENTITY_KEYS = {"user": "user_id", "item": "item_id", "user_item": "user_id || '|' || item_id"}
+ENTITY_KEYS = {"user": "user_id", "item": "item_id", "user_item": pair_id_sql("user_id", "item_id")}
 COUNTERPART = {"user": "item_id", "item": "user_id", "user_item": "item_id"}
 
 

@@ -35,14 +35,22 @@ def _run_job(settings: Settings, fresh: bool, no_loader: bool, stop: threading.E
     result = start_job(settings, resume=not fresh)
     client = result.get_job_client()
     click.echo(f"feature job {client.get_job_id()} running; Ctrl-C stops it")
-    loader = None
+    loader, loader_failed = None, []
+
+    def load() -> None:
+        try:
+            run_loader(LoaderConfig.from_settings(settings), RedisFeatureStore.from_settings(settings.redis),
+                       should_stop=stop.is_set)
+        except BaseException as exc:  # reported by the main thread, which then ends the process non-zero
+            loader_failed.append(exc)
+
     if not no_loader:
-        loader = threading.Thread(target=run_loader, daemon=True, kwargs={
-            "config": LoaderConfig.from_settings(settings), "store": RedisFeatureStore.from_settings(settings.redis),
-            "should_stop": stop.is_set})
+        loader = threading.Thread(target=load, name="redis-loader", daemon=True)
         loader.start()
     try:
         while not stop.wait(1.0):
+            if loader_failed:
+                raise click.ClickException(f"the Redis loader stopped: {loader_failed[0]}")
             if str(client.get_job_status().result()) in ("FAILED", "CANCELED", "FINISHED"):
                 raise click.ClickException(f"feature job ended: {client.get_job_status().result()}")
     finally:
@@ -53,14 +61,21 @@ def _run_job(settings: Settings, fresh: bool, no_loader: bool, stop: threading.E
 
 
 @features_group.command("load")
+@click.option("--rebuild", is_flag=True, help="Reload the whole features topic (Redis was lost), then go on live.")
+@click.option("--idle-exit", "idle_exit_s", type=float, default=None, help="Stop after N seconds without records.")
 @click.pass_obj
-def load(settings: Settings) -> None:
-    """Feed Redis from the features topic until Ctrl-C (add processes to scale by partition)."""
-    from feature_store.loader import LoaderConfig, run_loader
+def load(settings: Settings, rebuild: bool, idle_exit_s: float | None) -> None:
+    """Feed Redis from the features topic until SIGTERM or Ctrl-C (add processes to scale by partition).
+    Redis restarting is waited out (flink.loader_outage_s); longer, it exits 1 with the cause."""
+    from feature_store.loader import LoaderConfig, LoaderError, run_loader
 
     with graceful_stop(30.0) as stop:
-        stats = run_loader(LoaderConfig.from_settings(settings), RedisFeatureStore.from_settings(settings.redis),
-                           should_stop=stop.is_set)
+        try:
+            stats = run_loader(LoaderConfig.from_settings(settings, from_beginning=rebuild),
+                               RedisFeatureStore.from_settings(settings.redis), should_stop=stop.is_set,
+                               idle_exit_s=idle_exit_s)
+        except LoaderError as exc:
+            raise click.ClickException(str(exc)) from exc
     click.echo(f"loaded {stats.records} feature records, {stats.slots_written} slots written")
 
 
@@ -80,6 +95,31 @@ def get(settings: Settings, entity_type: str, ids: tuple[str, ...], names: str) 
     for i, entity_id in enumerate(ids):
         values, ends = got.entity(i)
         click.echo(json.dumps({"id": entity_id, "features": values, "window_end_ms": ends}))
+
+
+@features_group.command("status")
+@click.pass_obj
+def status(settings: Settings) -> None:
+    """How far behind the feature job and the loader are (records not yet consumed by their groups)
+    and how old the job's newest checkpoint is, as JSON."""
+    import time
+
+    from core.kafka import group_lag
+    from flink_jobs.runner import latest_checkpoint
+
+    k, f = settings.kafka, settings.flink
+    checkpoint = latest_checkpoint(f.checkpoint_dir) if f.checkpoint_dir.is_dir() else None
+    report = {
+        "job": {"group": f.group_id, "topic": k.topics.events, "lag": group_lag(k.bootstrap_servers, f.group_id,
+                                                                                 k.topics.events)},
+        "loader": {"group": f.loader_group_id, "topic": k.topics.features,
+                   "lag": group_lag(k.bootstrap_servers, f.loader_group_id, k.topics.features)},
+        "last_checkpoint": None if checkpoint is None else {
+            "path": str(checkpoint), "age_s": round(time.time() - (checkpoint / "_metadata").stat().st_mtime, 1)},
+    }
+    for part in ("job", "loader"):
+        report[part]["total_lag"] = sum(report[part]["lag"].values())  # type: ignore[index]
+    click.echo(json.dumps(report, indent=2))
 
 
 @features_group.group("cluster")

@@ -51,7 +51,10 @@ class RedisServer:
         require_free_port("redis", self.cfg.host, self.cfg.redis_port, "RTREC_SERVICES__REDIS_PORT")
         self.home.mkdir(parents=True, exist_ok=True)
         cmd = [binary, "--bind", self.cfg.host, "--port", str(self.cfg.redis_port), "--dir", str(self.home),
-               "--daemonize", "no", "--save", "", "--appendonly", "no", "--logfile", str(self.log_file),
+               # Append-only file, fsynced every second: a kill -9 loses at most a second of writes (the
+               # loader rewrites them: its offsets follow the writes), never the whole store
+               "--daemonize", "no", "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
+               "--logfile", str(self.log_file),
                "--protected-mode", "yes"]
         pid = start_detached(cmd, self.home / "redis.stdout", self.pid_file, self.home)
         wait_healthy(NAME, pid, self.healthy, self.cfg.start_timeout_s, self.log_file)

@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from core.kafka import ensure_topics, producer_config
 from core.settings import Settings
-from rtrec.sources.replay import ColumnMapping, read_logs
+from rtrec.sources.replay import ColumnMapping, check_time_range, read_logs
 from rtrec.sources.synthetic import SyntheticEvents
 from schemas.dead_letter import dead_letter
 from schemas.kafka_io import AvroProducer
@@ -94,6 +94,12 @@ def produce_replay(settings: Settings, paths: Path | Sequence[Path], mapping: Co
     began = time.monotonic()
     events, rejected, n_rows = read_logs([paths] if isinstance(paths, Path) else list(paths), mapping,
                                          items_by_file)
+    f = settings.flink
+    now = int(time.time() * 1000)
+    oldest = f.min_event_time_ms if f.max_event_age_ms is None else max(f.min_event_time_ms, now - f.max_event_age_ms)
+    check_time_range(events, oldest, now + f.max_future_skew_ms,
+                     "RTREC_FLINK__MIN_EVENT_TIME_MS, RTREC_FLINK__MAX_EVENT_AGE_MS or RTREC_FLINK__MAX_FUTURE_SKEW_MS "
+                     "(the flink section of the settings)")
     producer = _events_producer(settings)
     produced = _send(producer, events, len(events), None, speedup, progress)
     if rejected:

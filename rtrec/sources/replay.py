@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,9 @@ Event = dict[str, Any]
 EVENT_TYPES = {"impression", "click", "like", "cart", "order", "share"}
 TYPE_ALIASES = {"clicks": "click", "carts": "cart", "orders": "order", "likes": "like", "views": "impression",
                 "view": "impression", "impressions": "impression", "shares": "share"}
-# Event times outside this range are treated as malformed rather than replayed (1990 .. 2100).
-MIN_TIME_MS, MAX_TIME_MS = 631_152_000_000, 4_102_444_800_000
+# Event times outside this range cannot be an event time at all (1970 .. 2100): a malformed row. The
+# range the pipeline accepts is narrower and a setting (flink.min_event_time_ms, ...): `check_time_range`.
+MIN_TIME_MS, MAX_TIME_MS = 0, 4_102_444_800_000
 
 
 class ReplayError(ValueError):
@@ -227,6 +229,26 @@ def read_log(path: Path, mapping: ColumnMapping, source: str | None = None,
             e["item_id"] = item_prefix + e["item_id"]
     events.sort(key=lambda e: e["event_time"])
     return events, rejected, n_rows
+
+
+def check_time_range(events: Sequence[Event], min_ms: int, max_ms: int, settings_hint: str) -> None:
+    """ReplayError naming the rows whose event time the pipeline would refuse, before any is produced.
+
+    >>> check_time_range([{"event_id": "log.csv:2", "event_time": 5}], 10, 20, "SOME_SETTING")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    rtrec.sources.replay.ReplayError: 1 events fall outside the accepted event-time range [...]: log.csv:2 at ...
+    """
+    outside = [e for e in events if not min_ms <= e["event_time"] <= max_ms]
+    if not outside:
+        return
+    shown = ", ".join(f"{e['event_id']} at {_iso(e['event_time'])}" for e in outside[:5])
+    more = f" and {len(outside) - 5} more" if len(outside) > 5 else ""
+    raise ReplayError(f"{len(outside)} events fall outside the accepted event-time range [{_iso(min_ms)}, "
+                      f"{_iso(max_ms)}]: {shown}{more}. Nothing was produced; to replay them, change {settings_hint}")
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def read_logs(paths: Sequence[Path], mapping: ColumnMapping,

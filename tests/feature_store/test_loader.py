@@ -3,6 +3,8 @@ offsets committed after the writes."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
@@ -45,3 +47,30 @@ def test_loads_records_dead_letters_the_undecodable_and_commits(settings: Settin
     committed = group.committed([TopicPartition(k.topics.features, 0)], timeout=10)
     group.close()
     assert committed[0].offset == 4
+
+
+def test_features_status_shows_the_loaders_lag(settings: Settings) -> None:
+    from click.testing import CliRunner
+
+    from rtrec.cli.main import cli
+
+    k = settings.kafka
+    ensure_topics(k.bootstrap_servers, [k.topics.features, k.topics.events], partitions=1)
+    producer = AvroProducer(producer_config(k.bootstrap_servers), k.topics.features, "FeatureRecord")
+    for r in [record("u1", 3000, 1), record("u2", 3000, 2), record("u3", 3000, 3)]:
+        producer.produce(r, key=r["entity_id"])
+    producer.flush()
+    env = {"RTREC_KAFKA__BOOTSTRAP_SERVERS": k.bootstrap_servers, "RTREC_KAFKA__TOPICS__FEATURES": k.topics.features,
+           "RTREC_KAFKA__TOPICS__EVENTS": k.topics.events, "RTREC_REDIS__URL": settings.redis.url,
+           "RTREC_REDIS__KEY_PREFIX": settings.redis.key_prefix,
+           "RTREC_FLINK__LOADER_GROUP_ID": f"status-{settings.redis.key_prefix}"}
+
+    def loader_lag() -> int:
+        result = CliRunner().invoke(cli, ["features", "status"], env=env)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)["loader"]["total_lag"]
+
+    assert loader_lag() == 3
+    loaded = CliRunner().invoke(cli, ["features", "load", "--idle-exit", "2"], env=env)
+    assert loaded.exit_code == 0 and "loaded 3 feature records" in loaded.output, loaded.output
+    assert loader_lag() == 0

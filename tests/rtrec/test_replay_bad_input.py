@@ -18,6 +18,7 @@ BAD = Path(__file__).parents[1] / "data" / "bad"
     ("empty.csv", "the file is empty (no header, no data rows)"),
     ("header_only.csv", "no data rows (the file is empty or holds a header only)"),
     ("garbage.parquet", "is not a readable Parquet file"),
+    ("dates_before_1980.csv", "2 events fall outside the accepted event-time range [1980-01-01T00:00:00.000Z, "),
 ])
 def test_a_file_that_cannot_be_replayed_is_refused_before_anything_is_produced(name: str, message: str) -> None:
     # the broker address is a closed port: refusing must not need it, and nothing may be sent
@@ -26,6 +27,9 @@ def test_a_file_that_cannot_be_replayed_is_refused_before_anything_is_produced(n
     assert result.exit_code == 1, result.output
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("Error: ") and message in last and name in last, last
+    if name == "dates_before_1980.csv":
+        assert "RTREC_FLINK__MIN_EVENT_TIME_MS" in last
+        assert "dates_before_1980.csv:2 at 1975-03-01T00:00:00.000Z" in last
     assert result.stdout == ""  # no "read N rows, produced M events" summary: nothing ran
 
 

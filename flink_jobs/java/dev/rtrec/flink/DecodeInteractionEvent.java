@@ -22,27 +22,45 @@ import org.apache.flink.types.Row;
  *
  * <p>Arguments: the value bytes, the record headers, the writer schemas it accepts (one per line:
  * the schema header value "InteractionEvent:&lt;fingerprint&gt;", a tab, the schema JSON; the current
- * version and every frozen one in schemas/history), the current (reader) schema JSON, and the
- * accepted event-time range as epoch-ms offsets from now (past may be null: no limit). Records
- * written with an older version are resolved to the current one, as the Python readers do. The
- * job passes the schemas in, so schemas/ stays their only copy. A bad record becomes a row whose
- * {@code error} says why, so the job routes it to the dead-letter topic instead of failing.
+ * version and every frozen one in schemas/history), the current (reader) schema JSON, the
+ * accepted event-time range as epoch-ms offsets from now (past may be null: no limit), the earliest
+ * accepted event time (epoch ms), the largest accepted value in bytes and the longest accepted id.
+ * Records written with an older version are resolved to the current one, as the Python readers do.
+ * The job passes the schemas in, so schemas/ stays their only copy.
+ *
+ * <p>Decoding is total: whatever the bytes, the result is a row, never an exception. A bad record
+ * becomes a row whose {@code error} says why, so the job routes it to the dead-letter topic instead
+ * of failing. Before Avro reads a value, every length in it is checked against the bytes that are
+ * left ({@link LengthCheck}), so a forged string length can never make it allocate gigabytes.
  */
 @FunctionHint(output = @DataTypeHint(
     "ROW<event_id STRING, user_id STRING, item_id STRING, event_type STRING, event_time_ms BIGINT, "
         + "dwell_ms BIGINT, `position` INT, session_id STRING, error STRING>"))
 public class DecodeInteractionEvent extends ScalarFunction {
-  private static final long FLOOR_MS = 946_684_800_000L; // 2000-01-01: older is a unit error
   private static final String[] TYPES = {"impression", "click", "like", "cart", "order", "share"};
 
   private transient String cachedWriters;
   private transient Map<String, GenericDatumReader<GenericRecord>> readers;
+  private transient Map<String, Schema> writers;
   private transient BinaryDecoder decoder;
 
   public Row eval(byte[] value, Map<String, byte[]> headers, String writerSchemas, String readerSchemaJson,
-      Long maxPastMs, Long maxFutureMs) {
+      Long maxPastMs, Long maxFutureMs, Long minTimeMs, Long maxValueBytes, Long maxIdLength) {
+    try {
+      return decode(value, headers, writerSchemas, readerSchemaJson, maxPastMs, maxFutureMs, minTimeMs,
+          maxValueBytes, maxIdLength);
+    } catch (Exception | OutOfMemoryError | StackOverflowError e) {
+      // the checks below should leave nothing to land here; if anything does, it is one dead letter
+      return error("undecodable InteractionEvent: " + e.getClass().getSimpleName() + ": " + e.getMessage());
+    }
+  }
+
+  private Row decode(byte[] value, Map<String, byte[]> headers, String writerSchemas, String readerSchemaJson,
+      Long maxPastMs, Long maxFutureMs, long minTimeMs, long maxValueBytes, long maxIdLength) {
     if (!writerSchemas.equals(cachedWriters)) {
-      readers = readersByHeader(writerSchemas, readerSchemaJson);
+      readers = new HashMap<>();
+      writers = new HashMap<>();
+      readersByHeader(writerSchemas, readerSchemaJson, readers, writers);
       cachedWriters = writerSchemas;
     }
     byte[] header = headers == null ? null : headers.get("rtrec-schema");
@@ -56,6 +74,14 @@ public class DecodeInteractionEvent extends ScalarFunction {
     }
     if (value == null) {
       return error("empty value (tombstone)");
+    }
+    if (value.length > maxValueBytes) {
+      return error("value of " + value.length + " bytes is larger than flink.max_event_bytes (" + maxValueBytes
+          + ")");
+    }
+    String bad = LengthCheck.check(writers.get(headerText), value);
+    if (bad != null) {
+      return error("undecodable InteractionEvent: " + bad);
     }
     GenericRecord rec;
     try {
@@ -77,35 +103,46 @@ public class DecodeInteractionEvent extends ScalarFunction {
     if (eventId.isEmpty() || userId.isEmpty() || itemId.isEmpty()) {
       return error("missing required field (event_id, user_id or item_id is empty)");
     }
+    if (Math.max(eventId.length(), Math.max(userId.length(), itemId.length())) > maxIdLength) {
+      return error("an id is longer than flink.max_id_length (" + maxIdLength + " characters)");
+    }
     if (!Arrays.asList(TYPES).contains(type)) {
       return error("unknown event_type '" + type + "'");
     }
     long t = (Long) rec.get("event_time");
     long now = System.currentTimeMillis();
-    if (t < FLOOR_MS || (maxFutureMs != null && t > now + maxFutureMs)
-        || (maxPastMs != null && t < now - maxPastMs)) {
-      return error("event_time " + t + " is out of the accepted range");
+    if (t < minTimeMs) {
+      return error("event_time " + t + " is before flink.min_event_time_ms (" + minTimeMs + ")");
+    }
+    if ((maxFutureMs != null && t > now + maxFutureMs) || (maxPastMs != null && t < now - maxPastMs)) {
+      return error("event_time " + t + " is out of the accepted range (flink.max_future_skew_ms, "
+          + "flink.max_event_age_ms)");
     }
     Object dwell = rec.get("dwell_ms");
     Object position = rec.get("position");
+    if (dwell != null && (Long) dwell < 0) {
+      return error("dwell_ms " + dwell + " is negative");
+    }
+    if (position != null && (Integer) position < 0) {
+      return error("position " + position + " is negative");
+    }
     Object session = rec.get("session_id");
     return Row.of(eventId, userId, itemId, type, t, dwell == null ? null : (Long) dwell,
         position == null ? null : (Integer) position, session == null ? null : session.toString(), null);
   }
 
-  private static Map<String, GenericDatumReader<GenericRecord>> readersByHeader(String writerSchemas,
-      String readerSchemaJson) {
+  private static void readersByHeader(String writerSchemas, String readerSchemaJson,
+      Map<String, GenericDatumReader<GenericRecord>> readers, Map<String, Schema> writers) {
     Schema readerSchema = new Schema.Parser().parse(readerSchemaJson);
-    Map<String, GenericDatumReader<GenericRecord>> byHeader = new HashMap<>();
     for (String line : writerSchemas.split("\n")) {
       int tab = line.indexOf('\t');
       if (tab < 0) {
         throw new IllegalArgumentException("writer schema line without a tab: " + line);
       }
       Schema writer = new Schema.Parser().parse(line.substring(tab + 1));
-      byHeader.put(line.substring(0, tab), new GenericDatumReader<>(writer, readerSchema));
+      readers.put(line.substring(0, tab), new GenericDatumReader<>(writer, readerSchema));
+      writers.put(line.substring(0, tab), writer);
     }
-    return byHeader;
   }
 
   private static String str(Object o) {

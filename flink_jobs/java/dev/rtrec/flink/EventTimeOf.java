@@ -15,8 +15,10 @@ public class EventTimeOf extends ScalarFunction {
   private final DecodeInteractionEvent decoder = new DecodeInteractionEvent();
 
   public @DataTypeHint("BIGINT NOT NULL") Long eval(byte[] value, Map<String, byte[]> headers,
-      String writerSchemas, String readerSchemaJson, Long maxPastMs, Long maxFutureMs) {
-    Row row = decoder.eval(value, headers, writerSchemas, readerSchemaJson, maxPastMs, maxFutureMs);
+      String writerSchemas, String readerSchemaJson, Long maxPastMs, Long maxFutureMs, Long minTimeMs,
+      Long maxValueBytes, Long maxIdLength) {
+    Row row = decoder.eval(value, headers, writerSchemas, readerSchemaJson, maxPastMs, maxFutureMs, minTimeMs,
+        maxValueBytes, maxIdLength);
     return row.getField(8) == null ? (Long) row.getField(4) : 0L;
   }
 }
