@@ -134,6 +134,7 @@ class FlinkSettings(Section):
     loader_group_id: str = "rtrec-redis-loader"
     loader_batch: int = 20_000
     loader_outage_s: float = 300.0  # Redis or Kafka unreachable this long: the loader exits non-zero
+    loader_metrics_port: int = 0  # > 0: the loader serves Prometheus metrics (rtrec_loader_*) on 127.0.0.1
     # read_uncommitted: Redis sees a window as soon as the job sends it, not at the next checkpoint.
     # Safe because the job recomputes an aborted transaction's windows from the same events after
     # recovery, and a write for the same window end replaces the earlier one (newest window wins).

@@ -25,6 +25,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 from core.kafka import ensure_topics, is_transient, producer_config
 from core.settings import Settings
 from feature_store.base import FeatureWriter
+from feature_store.telemetry import LoaderMetrics
 from schemas.dead_letter import dead_letter
 from schemas.kafka_io import AvroConsumer, AvroProducer
 
@@ -81,7 +82,7 @@ def _transient(exc: BaseException) -> bool:
 
 
 def retrying(what: str, action: Callable[[], T], outage_s: float, sleep: Callable[[float], None] = time.sleep,
-             on_recovery: Callable[[], None] | None = None) -> T:
+             on_recovery: Callable[[], None] | None = None, on_retry: Callable[[str], None] | None = None) -> T:
     """`action()`, retried with backoff (0.1 s doubling to 5 s) while it fails transiently, for at most
     `outage_s`; then LoaderError with the cause. Other errors pass through at once. `on_recovery` runs
     when it succeeds after having failed."""
@@ -98,20 +99,39 @@ def retrying(what: str, action: Callable[[], T], outage_s: float, sleep: Callabl
             if time.monotonic() - began > outage_s:
                 raise LoaderError(f"{what} failed for {outage_s:.0f} s, giving up: {exc}") from exc
             failed = True
+            if on_retry is not None:
+                on_retry(what)
             log.warning("%s failed (%s); retrying in %.1f s", what, exc, delay)
             sleep(delay)
             delay = min(delay * 2, 5.0)
 
 
+def _lag(consumer: AvroConsumer) -> int:
+    """Records between the positions and the ends of the assigned partitions, from the high watermarks
+    the fetches already brought (no broker round trip)."""
+    raw, total = consumer.raw, 0
+    for tp in raw.position(raw.assignment()):
+        _low, high = raw.get_watermark_offsets(tp, cached=True)
+        if tp.offset >= 0 and high >= 0:
+            total += max(0, high - tp.offset)
+    return total
+
+
 def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable[[], bool] = lambda: False,
-               idle_exit_s: float | None = None, on_batch: Callable[[LoaderStats], None] | None = None) -> LoaderStats:
+               idle_exit_s: float | None = None, on_batch: Callable[[LoaderStats], None] | None = None,
+               metrics: LoaderMetrics | None = None) -> LoaderStats:
     """Consumes until `should_stop()` or `idle_exit_s` without records. Order per batch: undecodable
     records to the dead-letter topic, good ones to Redis (one pipeline, retried through an outage of
     up to `outage_s`), and `commit_lag_s` later, once Redis has its append-only file on disk, the
     offsets committed. After Redis was unreachable (it may have restarted and lost its last second),
     the loader goes back to the committed offsets and writes what follows again; newest-window-wins
-    makes that harmless. A backlog comes in full batches."""
+    makes that harmless. A backlog comes in full batches. `metrics` (when given) are kept up to date."""
     c = config
+    m = metrics or LoaderMetrics()
+
+    def retried(what: str) -> None:
+        m.retries.labels(what=what).inc()
+
     ensure_topics(c.bootstrap, [c.topic], c.partitions)
     consumer = AvroConsumer(c.bootstrap, c.group_id, None, "FeatureRecord", isolation_level=c.isolation_level,
                             **{"fetch.min.bytes": 1, "fetch.wait.max.ms": 50})
@@ -135,7 +155,7 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
         while pending and (all_of_them or time.monotonic() - pending[0][0] >= c.commit_lag_s):
             durable.update(pending.popleft()[1])
         if durable:
-            retrying("committing offsets", functools.partial(consumer.commit, durable), c.outage_s)
+            retrying("committing offsets", functools.partial(consumer.commit, durable), c.outage_s, on_retry=retried)
 
     def back_to_committed() -> None:
         pending.clear()
@@ -145,23 +165,31 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
             consumer.raw.seek(tp)
         log.warning("Redis is back: writing again from the committed offsets, which it had on disk")
 
-    last = time.monotonic()
+    last = lag_at = time.monotonic()
     try:
         while not should_stop():
             got = consumer.poll_batch(max_records=c.batch, timeout_s=c.poll_timeout_s)
             if got.records:  # the same batch is written until it is in Redis: offsets only move after that
-                stats.slots_written += retrying("writing to Redis", functools.partial(store.write_batch, got.records),
-                                                c.outage_s, on_recovery=back_to_committed)
+                slots = retrying("writing to Redis", functools.partial(store.write_batch, got.records),
+                                 c.outage_s, on_recovery=back_to_committed, on_retry=retried)
                 readable_at = int(time.time() * 1000)
-                stats.latencies_ms.extend(readable_at - r["window_end"] for r in got.records)
+                latencies = [readable_at - r["window_end"] for r in got.records]
+                stats.latencies_ms.extend(latencies)
+                stats.slots_written += slots
                 stats.records += len(got.records)
                 stats.batches += 1
+                m.records.inc(len(got.records))
+                m.slots.inc(slots)
+                m.last_batch.set(readable_at / 1000)
+                m.freshness.labels(quantile="0.5").set(sorted(latencies)[len(latencies) // 2] / 1000)
+                m.freshness.labels(quantile="1").set(max(latencies) / 1000)
             if got.rejected:
                 now = int(time.time() * 1000)
                 for reject in got.rejected:
                     dead.produce(dead_letter("redis-loader", reject, now))
-                retrying("writing dead letters", dead.flush, c.outage_s)
+                retrying("writing dead letters", dead.flush, c.outage_s, on_retry=retried)
                 stats.rejected += len(got.rejected)
+                m.dead_lettered.inc(len(got.rejected))
             if got.offsets or not consumer.raw.assignment():  # idle time counts once partitions are ours
                 last = time.monotonic()
             if got.offsets:
@@ -171,6 +199,9 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
             elif idle_exit_s is not None and time.monotonic() - last > idle_exit_s:
                 break
             commit_durable()
+            if time.monotonic() - lag_at >= 1.0:
+                lag_at = time.monotonic()
+                m.lag.set(_lag(consumer))
         if pending:  # a clean stop: wait until Redis has the last writes on disk, then commit them
             time.sleep(max(0.0, c.commit_lag_s - (time.monotonic() - pending[-1][0])))
             commit_durable(all_of_them=True)

@@ -40,7 +40,7 @@ def _run_job(settings: Settings, fresh: bool, no_loader: bool, stop: threading.E
     def load() -> None:
         try:
             run_loader(LoaderConfig.from_settings(settings), RedisFeatureStore.from_settings(settings.redis),
-                       should_stop=stop.is_set)
+                       should_stop=stop.is_set, metrics=_loader_metrics(settings))
         except BaseException as exc:  # reported by the main thread, which then ends the process non-zero
             loader_failed.append(exc)
 
@@ -60,6 +60,15 @@ def _run_job(settings: Settings, fresh: bool, no_loader: bool, stop: threading.E
             loader.join(10)
 
 
+def _loader_metrics(settings: Settings) -> object:
+    from feature_store.telemetry import LoaderMetrics
+
+    metrics = LoaderMetrics()
+    if settings.flink.loader_metrics_port:
+        metrics.serve(settings.flink.loader_metrics_port)
+    return metrics
+
+
 @features_group.command("load")
 @click.option("--rebuild", is_flag=True, help="Reload the whole features topic (Redis was lost), then go on live.")
 @click.option("--idle-exit", "idle_exit_s", type=float, default=None, help="Stop after N seconds without records.")
@@ -73,7 +82,7 @@ def load(settings: Settings, rebuild: bool, idle_exit_s: float | None) -> None:
         try:
             stats = run_loader(LoaderConfig.from_settings(settings, from_beginning=rebuild),
                                RedisFeatureStore.from_settings(settings.redis), should_stop=stop.is_set,
-                               idle_exit_s=idle_exit_s)
+                               idle_exit_s=idle_exit_s, metrics=_loader_metrics(settings))
         except LoaderError as exc:
             raise click.ClickException(str(exc)) from exc
     click.echo(f"loaded {stats.records} feature records, {stats.slots_written} slots written")

@@ -74,3 +74,31 @@ def test_features_status_shows_the_loaders_lag(settings: Settings) -> None:
     loaded = CliRunner().invoke(cli, ["features", "load", "--idle-exit", "2"], env=env)
     assert loaded.exit_code == 0 and "loaded 3 feature records" in loaded.output, loaded.output
     assert loader_lag() == 0
+
+
+def test_the_loader_exports_its_metrics(settings: Settings) -> None:
+    import urllib.request
+
+    from feature_store.telemetry import LoaderMetrics
+    from tests.infra import free_port
+
+    k = settings.kafka
+    ensure_topics(k.bootstrap_servers, [k.topics.features], partitions=1)
+    producer = AvroProducer(producer_config(k.bootstrap_servers), k.topics.features, "FeatureRecord")
+    for r in [record("u1", 3000, 1), record("u2", 3000, 2)]:
+        producer.produce(r, key=r["entity_id"])
+    producer.flush()
+    raw = Producer({"bootstrap.servers": k.bootstrap_servers})
+    raw.produce(k.topics.features, value=b"\x00")
+    raw.flush(10)
+    metrics, port = LoaderMetrics(), free_port()
+    metrics.serve(port)
+    config = LoaderConfig.from_settings(settings, partitions=1, group_id=f"metrics-{settings.redis.key_prefix}")
+    run_loader(config, RedisFeatureStore.from_settings(settings.redis), idle_exit_s=2.0, metrics=metrics)
+    scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in scraped.splitlines()
+              if line.startswith("rtrec_loader_") and " " in line}
+    assert values["rtrec_loader_records_total"] == 2 and values["rtrec_loader_slots_written_total"] == 2
+    assert values["rtrec_loader_dead_lettered_total"] == 1
+    assert values["rtrec_loader_consumer_lag"] == 0
+    assert 'rtrec_loader_freshness_seconds{quantile="1"}' in values
