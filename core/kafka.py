@@ -89,6 +89,17 @@ def poll_messages(consumer: Consumer, max_records: int, timeout_s: float, fill: 
             return out
 
 
+def cached_lag(consumer: Consumer, partitions: list[TopicPartition]) -> int:
+    """Records between the consumer's positions and the ends of `partitions`, from the high
+    watermarks its fetches already brought (no broker round trip)."""
+    total = 0
+    for tp in consumer.position(partitions):
+        _low, high = consumer.get_watermark_offsets(tp, cached=True)
+        if tp.offset >= 0 and high >= 0:
+            total += max(0, high - tp.offset)
+    return total
+
+
 def group_lag(bootstrap: str, group_id: str, topic: str, timeout_s: float = 10.0) -> dict[int, int]:
     """Per partition, the records between the group's committed offset (the partition's start when it
     has none) and the partition's end; read without joining the group."""

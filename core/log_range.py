@@ -69,8 +69,8 @@ def parse_position(text: str) -> AtTime | AtOffsets:
 class LogRange:
     """[start, end): from the beginning and up to the latest offsets (at the time of reading) by default."""
 
-    start: Earliest | Latest | AtTime | AtOffsets = Earliest()
-    end: Earliest | Latest | AtTime | AtOffsets = Latest()
+    start: Position = Earliest()
+    end: Position = Latest()
 
     @classmethod
     def parse(cls, start: str | None, end: str | None) -> LogRange:

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import redis
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
-from core.kafka import ensure_topics, is_transient, producer_config
+from core.kafka import cached_lag, ensure_topics, is_transient, producer_config
 from core.settings import Settings
 from feature_store.base import FeatureWriter
 from feature_store.telemetry import LoaderMetrics
@@ -104,17 +104,6 @@ def retrying(what: str, action: Callable[[], T], outage_s: float, sleep: Callabl
             log.warning("%s failed (%s); retrying in %.1f s", what, exc, delay)
             sleep(delay)
             delay = min(delay * 2, 5.0)
-
-
-def _lag(consumer: AvroConsumer) -> int:
-    """Records between the positions and the ends of the assigned partitions, from the high watermarks
-    the fetches already brought (no broker round trip)."""
-    raw, total = consumer.raw, 0
-    for tp in raw.position(raw.assignment()):
-        _low, high = raw.get_watermark_offsets(tp, cached=True)
-        if tp.offset >= 0 and high >= 0:
-            total += max(0, high - tp.offset)
-    return total
 
 
 def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable[[], bool] = lambda: False,
@@ -201,7 +190,7 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
             commit_durable()
             if time.monotonic() - lag_at >= 1.0:
                 lag_at = time.monotonic()
-                m.lag.set(_lag(consumer))
+                m.lag.set(cached_lag(consumer.raw, consumer.raw.assignment()))
         if pending:  # a clean stop: wait until Redis has the last writes on disk, then commit them
             time.sleep(max(0.0, c.commit_lag_s - (time.monotonic() - pending[-1][0])))
             commit_durable(all_of_them=True)

@@ -13,10 +13,10 @@ the newest-window-wins writer, so a backfill never overwrites newer live values.
 
 from __future__ import annotations
 
-from core.log_range import AtOffsets, AtTime, Earliest, Latest, LogRange
+from core.log_range import AtOffsets, AtTime, Earliest, Latest, LogRange, Position
 
 
-def _position(position: Earliest | Latest | AtTime | AtOffsets, kind: str) -> dict[str, str]:
+def _position(position: Position, kind: str) -> dict[str, str]:
     match position:
         case Earliest():
             return {f"scan.{kind}.mode": "earliest-offset"}

@@ -11,7 +11,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
-from core.kafka import ensure_topics, producer_config
+from core.kafka import cached_lag, ensure_topics, producer_config
 from core.settings import KafkaSettings, TrainerSettings
 from schemas.dead_letter import Reject, dead_letter
 from schemas.kafka_io import AvroConsumer, AvroProducer, ConsumedBatch, read_topic
@@ -66,14 +66,7 @@ class KafkaSampleSource:
                                                                                          OFFSET_BEGINNING)))
 
     def lag(self) -> int:
-        """Messages between the consumer's position and the end of its assigned partitions, from the
-        high watermarks the fetches already brought (no broker round trip)."""
-        raw, total = self._consumer.raw, 0
-        for tp in raw.position([TopicPartition(self.topic, p) for p in sorted(self.assigned)]):
-            _low, high = raw.get_watermark_offsets(tp, cached=True)
-            if tp.offset >= 0 and high >= 0:
-                total += max(0, high - tp.offset)
-        return total
+        return cached_lag(self._consumer.raw, [TopicPartition(self.topic, p) for p in sorted(self.assigned)])
 
     def commit(self, positions: Mapping[tuple[str, int], int]) -> None:
         try:

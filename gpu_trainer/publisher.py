@@ -11,7 +11,7 @@ at any point safe:
 5. (`finish`, back on the training thread) consumer offsets committed (for lag tools only) and old
    snapshots pruned (the last K and the current one stay).
 
-One publication runs at a time: `begin` first waits for the previous one.
+One publication runs at a time: `finish` the previous one before the next `begin`.
 """
 
 from __future__ import annotations
@@ -86,13 +86,13 @@ class SnapshotPublisher:
             log.warning("the current snapshot v%d is damaged (%s): the next snapshot is promoted", current, exc)
             return None
 
-    def begin(self, manifest: Manifest, arrays: dict[str, np.ndarray]) -> Manifest | None:
-        """Starts publishing (steps 2-4 in the background); returns the previous publication, finished."""
-        finished = self.finish()
+    def begin(self, manifest: Manifest, arrays: dict[str, np.ndarray]) -> None:
+        """Starts publishing (steps 2-4 in the background); the previous one must be finished first."""
+        if self._thread is not None:
+            raise RuntimeError(f"snapshot v{manifest.version}: a publication is under way; finish() it first")
         self._manifest = manifest
         self._thread = threading.Thread(target=self._publish, args=(manifest, arrays), name="snapshot-publisher")
         self._thread.start()
-        return finished
 
     def _publish(self, manifest: Manifest, arrays: dict[str, np.ndarray]) -> None:
         try:

@@ -62,7 +62,7 @@ class TrainerService:
         self._since_snapshot = 0
         self._dirty = False
         self._reverts = 0
-        self._lag_at = 0.0
+        self._gauges_at = 0.0
         self._last_snapshot_at = time.monotonic()
         self.written: list[int] = []
         self.promoted: list[int] = []
@@ -194,9 +194,9 @@ class TrainerService:
 
     def _update_gauges(self) -> None:
         """Once a second at most: the rolling AUC sorts the whole evaluation window."""
-        if time.monotonic() - self._lag_at < 1.0:
+        if time.monotonic() - self._gauges_at < 1.0:
             return
-        self._lag_at = time.monotonic()
+        self._gauges_at = time.monotonic()
         auc, loss = self.learner.published_prequential.auc(), self.learner.published_prequential.logloss()
         if auc is not None:
             self.metrics.auc.set(auc)
