@@ -112,7 +112,14 @@ class FlinkSettings(Section):
     horizons_s: tuple[int, ...] | None = None
     horizon_slides_s: dict[int, int] = Field(default_factory=lambda: {60: 3, 600: 30})
     watermark_delay_ms: int = 2_000
-    idle_timeout_ms: int = 5_000
+    # A partition that sends nothing this long stops holding the watermark back. Flink's clock for it
+    # runs while the task works on the other partitions' records, so a short timeout let a backlog or a
+    # busy machine declare a partition idle that was only waiting its turn, and its on-time events were
+    # dead-lettered as late (a live run under a CPU hog: every event of one partition's first 4 minutes).
+    idle_timeout_ms: int = 30_000
+    # Per partition and fetch: small enough that a backlog is read from all partitions in turn, not
+    # one partition's megabyte (tens of thousands of events) at a time while the others wait.
+    source_fetch_bytes: int = 65_536
     # How often sources emit watermarks and how long a half-full network buffer may wait: both add
     # directly to the time from a window's close to its record leaving the job.
     watermark_interval_ms: int = 50

@@ -49,9 +49,10 @@ def build_job(settings: Settings, t_env: TableEnvironment, log_range: LogRange |
 
     t_env.execute_sql(events_source_ddl("events_raw", k.topics.events, k.bootstrap_servers, f.group_id,
                                         f.watermark_delay_ms, "RTREC_EVENT_TIME", args,
-                                        connector_options(log_range) if log_range is not None else
-                                        {"scan.startup.mode": "group-offsets",
-                                         "properties.auto.offset.reset": "earliest"}))
+                                        {"properties.max.partition.fetch.bytes": str(f.source_fetch_bytes),
+                                         **(connector_options(log_range) if log_range is not None else
+                                            {"scan.startup.mode": "group-offsets",
+                                             "properties.auto.offset.reset": "earliest"})}))
     t_env.create_temporary_view("decoded", t_env.sql_query(decoded_view_sql("events_raw", "RTREC_DECODE_EVENT",
                                                                             args)))
     t_env.create_temporary_view("events", t_env.sql_query(good_events_sql("decoded", f.window_s)))
