@@ -125,6 +125,13 @@ class FlinkSettings(Section):
     watermark_interval_ms: int = 50
     buffer_timeout_ms: int = 20
     checkpoint_interval_ms: int = 5_000
+    checkpoint_failures_tolerated: int = 2  # consecutive; one more fails the job (then restarts count)
+    # More than max_restarts failures within restart_window_s: the job ends FAILED and `features run`
+    # exits 1 with the root cause, for a supervisor to act on (the default would retry forever, silently).
+    max_restarts: int = 5
+    restart_window_s: int = 600
+    restart_delay_ms: int = 5_000
+    job_metrics_port: int = 0  # > 0: `features run` serves Prometheus metrics (rtrec_job_*) on 127.0.0.1
     attribution_window_s: int = 30
     max_future_skew_ms: int = 3_600_000
     max_event_age_ms: int | None = None  # None: any age (historical replays); else older is malformed

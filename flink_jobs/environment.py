@@ -30,9 +30,15 @@ def table_environment(settings: Settings, streaming: bool = True) -> TableEnviro
     conf.set("pipeline.auto-watermark-interval", f"{f.watermark_interval_ms} ms")
     conf.set("execution.buffer-timeout.interval", f"{f.buffer_timeout_ms} ms")
     conf.set("pipeline.name", "rtrec-features")
+    conf.set("restart-strategy.type", "failure-rate")
+    conf.set("restart-strategy.failure-rate.max-failures-per-interval", str(f.max_restarts))
+    conf.set("restart-strategy.failure-rate.failure-rate-interval", f"{f.restart_window_s} s")
+    conf.set("restart-strategy.failure-rate.delay", f"{f.restart_delay_ms} ms")
+    conf.set("metrics.fetcher.update-interval", "2000")  # the REST figures `features run` reports
     if f.checkpoint_interval_ms > 0:
         conf.set("execution.checkpointing.interval", f"{f.checkpoint_interval_ms} ms")
         conf.set("execution.checkpointing.mode", "EXACTLY_ONCE")
         conf.set("execution.checkpointing.dir", f.checkpoint_dir.resolve().as_uri())
         conf.set("execution.checkpointing.externalized-checkpoint-retention", "RETAIN_ON_CANCELLATION")
+        conf.set("execution.checkpointing.tolerable-failed-checkpoints", str(f.checkpoint_failures_tolerated))
     return t_env

@@ -17,8 +17,15 @@ log = logging.getLogger("rtrec.flink")
 
 def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
     """The newest complete checkpoint (`<dir>/<job id>/chk-N/_metadata`) of any earlier run."""
-    found = sorted(checkpoint_dir.glob("*/chk-*/_metadata"), key=lambda p: p.stat().st_mtime)
-    return found[-1].parent if found else None
+    newest, newest_mtime = None, -1.0
+    for metadata in checkpoint_dir.glob("*/chk-*/_metadata"):
+        try:
+            mtime = metadata.stat().st_mtime
+        except FileNotFoundError:  # a running job dropped it for a newer one since the listing
+            continue
+        if mtime > newest_mtime:
+            newest, newest_mtime = metadata.parent, mtime
+    return newest
 
 
 def start_job(settings: Settings, resume: bool = True, log_range: LogRange | None = None,

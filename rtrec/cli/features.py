@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+import time
+from pathlib import Path
 
 import click
 
@@ -29,12 +32,22 @@ def run(settings: Settings, fresh: bool, no_loader: bool) -> None:
 
 
 def _run_job(settings: Settings, fresh: bool, no_loader: bool, stop: threading.Event) -> None:
+    import os
+
     from feature_store.loader import LoaderConfig, run_loader
+    from flink_jobs.monitor import RunningJob, mini_cluster_rest_url
     from flink_jobs.runner import start_job
+    from flink_jobs.watch import ENDED, JobWatch
 
     result = start_job(settings, resume=not fresh)
     client = result.get_job_client()
-    click.echo(f"feature job {client.get_job_id()} running; Ctrl-C stops it")
+    rest_url = mini_cluster_rest_url(client)
+    running = RunningJob(str(client.get_job_id()), rest_url, os.getpid()) if rest_url else None
+    if running is not None:
+        running.record(settings.flink.checkpoint_dir)
+    click.echo(f"feature job {client.get_job_id()} running" + (f", REST API {rest_url}" if rest_url else "")
+               + "; Ctrl-C stops it")
+    watch = JobWatch(settings, client, rest_url, say=lambda text: click.echo(text, err=True))
     loader, loader_failed = None, []
 
     def load() -> None:
@@ -51,11 +64,17 @@ def _run_job(settings: Settings, fresh: bool, no_loader: bool, stop: threading.E
         while not stop.wait(1.0):
             if loader_failed:
                 raise click.ClickException(f"the Redis loader stopped: {loader_failed[0]}")
-            if str(client.get_job_status().result()) in ("FAILED", "CANCELED", "FINISHED"):
-                raise click.ClickException(f"feature job ended: {client.get_job_status().result()}")
+            state = watch.tick()
+            if state in ENDED:
+                raise click.ClickException(f"feature job {'ended' if state == 'GONE' else state}: "
+                                           f"{watch.final_cause()}")
     finally:
         stop.set()
-        client.cancel().result()
+        with contextlib.suppress(Exception):  # a job that already ended cannot be cancelled
+            client.cancel().result()
+        watch.close()
+        if running is not None:
+            running.forget(settings.flink.checkpoint_dir)
         if loader is not None:
             loader.join(10)
 
@@ -109,26 +128,32 @@ def get(settings: Settings, entity_type: str, ids: tuple[str, ...], names: str) 
 @features_group.command("status")
 @click.pass_obj
 def status(settings: Settings) -> None:
-    """How far behind the feature job and the loader are (records not yet consumed by their groups)
-    and how old the job's newest checkpoint is, as JSON."""
-    import time
-
+    """The feature job's health (state, restarts and the last failure's cause, last checkpoint, records in
+    and out: from the `features run` process of these settings), how far behind the job and the loader
+    are (records not yet consumed by their groups) and the newest retained checkpoint, as JSON."""
     from core.kafka import group_lag
+    from flink_jobs.monitor import RunningJob, health_or_reason
     from flink_jobs.runner import latest_checkpoint
 
     k, f = settings.kafka, settings.flink
     checkpoint = latest_checkpoint(f.checkpoint_dir) if f.checkpoint_dir.is_dir() else None
     report = {
-        "job": {"group": f.group_id, "topic": k.topics.events, "lag": group_lag(k.bootstrap_servers, f.group_id,
-                                                                                 k.topics.events)},
+        "job": {**health_or_reason(RunningJob.find(f.checkpoint_dir)), "group": f.group_id, "topic": k.topics.events,
+                "lag": group_lag(k.bootstrap_servers, f.group_id, k.topics.events)},
         "loader": {"group": f.loader_group_id, "topic": k.topics.features,
                    "lag": group_lag(k.bootstrap_servers, f.loader_group_id, k.topics.features)},
-        "last_checkpoint": None if checkpoint is None else {
-            "path": str(checkpoint), "age_s": round(time.time() - (checkpoint / "_metadata").stat().st_mtime, 1)},
+        "retained_checkpoint": None if checkpoint is None else {"path": str(checkpoint), "age_s": _age_s(checkpoint)},
     }
     for part in ("job", "loader"):
         report[part]["total_lag"] = sum(report[part]["lag"].values())  # type: ignore[index]
     click.echo(json.dumps(report, indent=2))
+
+
+def _age_s(path: Path) -> float | None:
+    try:
+        return round(time.time() - path.stat().st_mtime, 1)
+    except FileNotFoundError:  # the running job replaced it since it was found
+        return None
 
 
 @features_group.group("cluster")
@@ -172,8 +197,6 @@ def submit(settings: Settings, no_samples: bool) -> None:
 
     The job reads its settings from the same RTREC_* env vars and --config file as this command.
     """
-    from pathlib import Path
-
     from rtrec.services.flink_cluster import FlinkCluster
     from rtrec.services.process import ServiceError
 

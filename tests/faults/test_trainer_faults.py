@@ -123,18 +123,6 @@ def test_rollback_to_a_damaged_snapshot_is_one_clear_line(settings: Settings, tm
         "could run code)"]
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> object:
-    """A 2 MB tmpfs: a real filesystem that fills up."""
-    mount = tmp_path / "small-disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.decode().strip()}); needs root")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 def test_a_full_snapshot_disk_is_reported_leaves_no_debris_and_training_goes_on(
         settings: Settings, tmp_path: Path, small_disk: Path, caplog: pytest.LogCaptureFixture) -> None:
     snapshots = small_disk / "snapshots"

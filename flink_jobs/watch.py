@@ -1,0 +1,103 @@
+"""What `features run` does every second beside waiting: notice the job's restarts and say why, keep
+its Prometheus metrics current, and find the root cause when the job ends."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+from collections.abc import Callable
+from typing import Any
+
+from core.kafka import group_lag
+from core.settings import Settings
+from flink_jobs.monitor import FlinkRest, JobHealth, directory_problem, root_cause
+from flink_jobs.telemetry import DeadLetterTally, JobMetrics
+
+_REST_ERRORS = (OSError, urllib.error.URLError, KeyError, ValueError)
+ENDED = ("FAILED", "CANCELED", "FINISHED", "GONE")
+
+
+class JobWatch:
+    def __init__(self, settings: Settings, job_client: Any, rest_url: str | None, say: Callable[[str], None],
+                 poll_every_s: float = 5.0) -> None:
+        f, k = settings.flink, settings.kafka
+        self.settings = settings
+        self.client = job_client
+        self.job_id = str(job_client.get_job_id())
+        self.rest = FlinkRest(rest_url) if rest_url else None
+        self.say = say
+        self.poll_every_s = poll_every_s
+        self.metrics = JobMetrics()
+        if f.job_metrics_port:
+            self.metrics.serve(f.job_metrics_port)
+        self.tally = DeadLetterTally(k.bootstrap_servers, k.topics.dead_letter, self.metrics)
+        self.health: JobHealth | None = None
+        self.restarts = 0
+        self._next_poll = 0.0
+        self._dir_problem: str | None = None
+
+    def tick(self) -> str:
+        """The job's state now (GONE once the mini-cluster has shut down with it); a restart is
+        reported, with its cause, the first time it is seen."""
+        try:
+            state = str(self.client.get_job_status().result())
+        except Exception:  # py4j: the per-job mini-cluster shuts down as soon as its job has ended
+            return "GONE"
+        if self.rest is not None:
+            try:
+                restarted = state == "RESTARTING" or self.rest.restarts(self.job_id) > self.restarts
+                if restarted or time.monotonic() >= self._next_poll:
+                    self._poll(restarted)
+            except _REST_ERRORS:
+                pass  # the REST API is busy or going away with the job: the next tick asks again
+        elif state == "RESTARTING" and self.restarts == 0:
+            self.restarts = 1
+            self.say("feature job RESTARTING (no REST API to ask why: see the Flink log)")
+        self.tally.poll()
+        return state
+
+    def _poll(self, restarted: bool) -> None:
+        assert self.rest is not None
+        self._next_poll = time.monotonic() + self.poll_every_s
+        self.health = health = self.rest.health(self.job_id)
+        f, k = self.settings.flink, self.settings.kafka
+        try:
+            lag: int | None = sum(group_lag(k.bootstrap_servers, f.group_id, k.topics.events, timeout_s=2.0).values())
+        except Exception:  # Kafka unreachable right now: the lag gauge keeps its last value
+            lag = None
+        self.metrics.update(health, lag)
+        restarts = max(health.restarts, self.restarts + (1 if restarted else 0))
+        if restarts > self.restarts:
+            self.restarts = restarts
+            self.say(f"feature job RESTARTING (restart {restarts}; more than {f.max_restarts} within "
+                     f"{f.restart_window_s} s and it gives up): {self.cause_seen() or 'cause not reported yet'}")
+
+    def cause_seen(self) -> str | None:
+        """The newest failure's root cause, with the failed checkpoint's reason when a checkpoint failed
+        (Flink's exception for that names no cause of its own)."""
+        if self.health is None or not self.health.root_cause:
+            return None
+        cause = self.health.root_cause
+        if "checkpoint" in cause.lower():
+            # a failing checkpoint frees its partial files: the probe may pass now and fail again next time
+            self._dir_problem = directory_problem(self.settings.flink.checkpoint_dir) or self._dir_problem
+            failure = self.health.checkpoint_failure
+            cause += "".join(f" ({text})" for text in (
+                f"the last failed checkpoint: {failure}" if failure else "",
+                f"checkpoint directory {self._dir_problem}" if self._dir_problem else "") if text)
+        return cause
+
+    def final_cause(self) -> str:
+        """Why the job ended: the innermost cause of its execution result, and what was seen before."""
+        try:
+            self.client.get_job_execution_result().result()
+            ended = "no cause reported"
+        except Exception as exc:  # py4j wraps the Java exception: its text carries the chain
+            ended = root_cause(str(exc)) or type(exc).__name__
+        seen = self.cause_seen()
+        if seen and (ended in seen or "checkpoint" in ended.lower()):
+            ended = seen
+        return f"{ended} ({self.restarts} restarts before)" if self.restarts else ended
+
+    def close(self) -> None:
+        self.tally.close()
