@@ -1,0 +1,104 @@
+"""`rtrec features run` (the embedded mini-cluster and the loader in it) killed with SIGKILL mid-run,
+its whole process group at once, as a lost machine would be; a new run resumes from the newest retained
+checkpoint. Compared with an uninterrupted run of the same events: the same windows, none twice for a
+read_committed reader, and the same Redis contents (the loader read uncommitted windows that the kill
+then aborted)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+from core.log_range import LogRange
+from core.settings import Settings
+from feature_store.loader import LoaderConfig, run_loader
+from feature_store.redis_store import RedisFeatureStore
+from flink_jobs.runner import latest_checkpoint, start_job
+from schemas.kafka_io import read_topic
+from tests.faults.test_job_health import env_of, windows
+from tests.faults.test_trainer_faults import wait_until
+from tests.flink_jobs.harness import create_topics, event, job_settings, produce, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
+ROOT = Path(__file__).parents[2]
+
+PHASE1 = [event(f"a{k}", "click" if k % 6 == 0 else "impression", f"u{k % 5}", f"i{k % 4}", 200 * k)
+          for k in range(300)]
+PHASE2 = [event(f"b{k}", "click" if k % 7 == 0 else "impression", f"u{k % 6}", f"i{k % 3}", 60_000 + 200 * k)
+          for k in range(200)]
+# an entity of its own closes every window: a live job never closes the flush's own windows, which
+# the bounded reference run does at the end of its input
+PHASE2 += [event("flush", "impression", "flush-user", "flush-item", 120_000)]
+
+
+def redis_contents(s: Settings) -> dict[bytes, dict[bytes, bytes]]:
+    client = redis.Redis.from_url(s.redis.url)
+    prefix = s.redis.key_prefix.encode()
+    return {k.removeprefix(prefix): client.hgetall(k) for k in client.scan_iter(f"{s.redis.key_prefix}:f:*")
+            if b"flush-" not in k}
+
+
+def features_run(s: Settings, log: Path) -> subprocess.Popen:
+    env = {**os.environ, **env_of(s), "PYTHONPATH": str(ROOT), "RTREC_REDIS__KEY_PREFIX": s.redis.key_prefix,
+           "RTREC_FLINK__LOADER_GROUP_ID": s.flink.loader_group_id, "RTREC_FLINK__CHECKPOINT_FAILURES_TOLERATED": "2",
+           "RTREC_FLINK__CHECKPOINT_INTERVAL_MS": "3000"}
+    return subprocess.Popen([sys.executable, "-m", "rtrec", "features", "run"], cwd=ROOT, env=env,
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_kill_9_of_the_whole_job_process_resumes_from_its_checkpoint_with_nothing_lost_or_doubled(
+        settings: Settings, tmp_path: Path) -> None:
+    reference = job_settings(settings.namespaced("ref-" + uuid.uuid4().hex[:6]), checkpoint_dir=tmp_path / "ref")
+    create_topics(reference)
+    produce(reference, PHASE1 + PHASE2)
+    start_job(reference, resume=False, log_range=LogRange(), with_samples=False).wait()
+    expected = windows(read_topic(reference.kafka.bootstrap_servers, reference.kafka.topics.features,
+                                  "FeatureRecord").records)
+    run_loader(LoaderConfig.from_settings(reference, isolation_level="read_committed"),
+               RedisFeatureStore.from_settings(reference.redis), idle_exit_s=2.0)
+    expected_redis = redis_contents(reference)
+
+    s = job_settings(settings.namespaced("kill-" + uuid.uuid4().hex[:6]), checkpoint_dir=tmp_path / "checkpoints",
+                     log_dir=tmp_path / "flink-logs")
+    create_topics(s)
+    produce(s, PHASE1)
+    log = tmp_path / "features-run.log"
+    job = features_run(s, log)
+    try:
+        wait_for(s, s.kafka.topics.features, "FeatureRecord", lambda got: len(got.records) > 20, timeout_s=120)
+        produce(s, PHASE2[:100])
+        # killed once windows of phase 2 were sent but not yet committed (checkpoints every 3 s)
+        wait_for(s, s.kafka.topics.features, "FeatureRecord", isolation_level="read_uncommitted", timeout_s=60,
+                 done=lambda got: any(r["window_start"] >= PHASE2[0]["event_time"] for r in got.records))
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(30)
+    assert latest_checkpoint(s.flink.checkpoint_dir) is not None
+    produce(s, PHASE2[100:])  # arrives while nothing runs
+
+    job = features_run(s, log)
+    try:
+        got = wait_for(s, s.kafka.topics.features, "FeatureRecord", timeout_s=180,
+                       done=lambda batch: len(windows(batch.records)) >= len(expected))
+        # (the loader's committed offsets stay one short of the end: a transaction's commit marker)
+        wait_until(lambda: redis_contents(s) == expected_redis, 60, "Redis reaching the uninterrupted run's state", log)
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(60) == 0, log.read_text()[-3000:]
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    keys = [w[:4] for w in windows(got.records)]
+    assert len(keys) == len(set(keys)), "a window was sent twice"
+    assert windows(got.records) == expected
+    k = s.kafka
+    aborted = len(read_topic(k.bootstrap_servers, k.topics.features, "FeatureRecord",
+                             isolation_level="read_uncommitted").records) - len(got.records)
+    assert aborted > 0, "nothing was aborted by the kill: the Redis comparison below would prove little"
+    assert redis_contents(s) == expected_redis and len(expected_redis) > 20
