@@ -22,7 +22,9 @@ log = logging.getLogger("rtrec.trainer")
 class KafkaSampleSource:
     """Consumes TrainingSamples as group `group_id`; every assigned partition starts at the offset
     given to `start` (the loaded snapshot's), or at the beginning when it has none, so a restart
-    neither skips nor repeats a sample whatever the group's committed offsets say."""
+    neither skips nor repeats a sample whatever the group's committed offsets say. A partition assigned
+    again later (the group rejoining after the broker restarted) resumes after the last record polled:
+    the samples polled since the snapshot are already in the model."""
 
     def __init__(self, bootstrap: str, topic: str, group_id: str, instance_id: str | None = None,
                  session_timeout_ms: int = 10_000) -> None:
@@ -53,7 +55,11 @@ class KafkaSampleSource:
             self.assigned.discard(tp.partition)
 
     def poll(self, max_records: int, timeout_s: float) -> ConsumedBatch:
-        return self._consumer.poll_batch(max_records, timeout_s, fill=True)
+        # the service trains (or dead-letters) every batch before it polls again, and a rebalance
+        # runs inside a poll: by then everything polled before is in the model
+        batch = self._consumer.poll_batch(max_records, timeout_s, fill=True)
+        self.start_offsets.update(batch.offsets)
+        return batch
 
     def has_partitions(self) -> bool:
         return bool(self.assigned)
