@@ -39,8 +39,9 @@ class LoaderStats:
     slots_written: int = 0
     rejected: int = 0
     batches: int = 0
-    # per record: wall-clock ms when it became readable in Redis minus its window end
-    latencies_ms: list[int] = field(default_factory=list)
+    # per record, the newest million (a loader runs for weeks): wall-clock ms when it became readable
+    # in Redis minus its window end
+    latencies_ms: deque[int] = field(default_factory=lambda: deque(maxlen=1_000_000))
 
 
 @dataclass(frozen=True)

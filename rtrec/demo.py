@@ -118,7 +118,7 @@ def _collect(s: Settings, result: DemoResult, trainer: TrainerService, loader_st
     if loader_stats:
         result.feature_records = loader_stats[0].records
         result.redis_slots = loader_stats[0].slots_written
-        result.feature_latency_ms = loader_stats[0].latencies_ms
+        result.feature_latency_ms = list(loader_stats[0].latencies_ms)
     result.redis_keys = sum(1 for _ in store.client.scan_iter(f"{s.redis.key_prefix}:f:*", count=10_000))
     result.snapshots, result.promoted = trainer.written, trainer.promoted
     result.auc_history = trainer.learner.published_prequential.history
