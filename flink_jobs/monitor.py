@@ -29,6 +29,9 @@ from typing import Any
 _EVENTS_IN = re.compile(r"^Source__events_raw\[\d+\]\.numRecordsOut$")
 _FEATURES_OUT = re.compile(r"^features_sink\[\d+\]__Writer\.numRecordsSend$")
 _DEAD_LETTERS_OUT = re.compile(r"^dead_letter_sink\[\d+\]__Writer\.numRecordsSend$")
+_EVENT_TIME_LAG = re.compile(r"^Source__events_raw\[\d+\]\.currentEmitEventTimeLag$")
+_FIGURES = (("events_in", _EVENTS_IN, "sum"), ("features_out", _FEATURES_OUT, "sum"),
+            ("dead_letters_out", _DEAD_LETTERS_OUT, "sum"), ("event_time_lag_ms", _EVENT_TIME_LAG, "max"))
 
 # The first words of the job's dead-letter reasons (the JVM decoder's and the late filter's)
 _REASON_KINDS = (("late:", "late"), ("undecodable", "undecodable"), ("missing rtrec-schema", "no_schema_header"),
@@ -68,6 +71,7 @@ class JobHealth:
     events_in: int | None  # None until Flink's metric fetcher has seen the operators
     features_out: int | None
     dead_letters_out: int | None
+    event_time_lag_ms: int | None  # wall clock minus the event time of the events the source emits now
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,7 +107,7 @@ class FlinkRest:
             last_checkpoint_id=completed.get("id"),
             last_checkpoint_age_s=round(time.time() - acked / 1000, 1) if acked else None,
             events_in=figures.get("events_in"), features_out=figures.get("features_out"),
-            dead_letters_out=figures.get("dead_letters_out"))
+            dead_letters_out=figures.get("dead_letters_out"), event_time_lag_ms=figures.get("event_time_lag_ms"))
 
     def restarts(self, job_id: str) -> int:
         """One cheap call: the job's restart count as Flink's metric fetcher last saw it."""
@@ -111,19 +115,19 @@ class FlinkRest:
 
     def _figures(self, job_id: str, vertices: list[str]) -> dict[str, int]:
         found = self._metric_ids.setdefault(job_id, {})
-        if len(found) < 3:
+        if len(found) < len(_FIGURES):
             for vertex in vertices:
                 for m in self.get(f"/jobs/{job_id}/vertices/{vertex}/subtasks/metrics"):
-                    for figure, pattern in (("events_in", _EVENTS_IN), ("features_out", _FEATURES_OUT),
-                                            ("dead_letters_out", _DEAD_LETTERS_OUT)):
+                    for figure, pattern, _agg in _FIGURES:
                         if pattern.match(m["id"]):
                             found[figure] = f"{vertex}/{m['id']}"
         out = {}
-        for figure, where in found.items():
-            vertex, metric = where.split("/", 1)
-            summed = self.get(f"/jobs/{job_id}/vertices/{vertex}/subtasks/metrics?get={metric}&agg=sum")
-            if summed:
-                out[figure] = int(float(summed[0]["sum"]))
+        for figure, _pattern, agg in _FIGURES:
+            if figure in found:
+                vertex, metric = found[figure].split("/", 1)
+                got = self.get(f"/jobs/{job_id}/vertices/{vertex}/subtasks/metrics?get={metric}&agg={agg}")
+                if got and agg in got[0]:
+                    out[figure] = int(float(got[0][agg]))
         return out
 
 

@@ -21,6 +21,9 @@ class JobMetrics:
                                registry=r)
         self.features_out = Gauge("rtrec_job_features_out", "Feature records sent (since its last restart)",
                                   registry=r)
+        self.event_time_lag = Gauge("rtrec_job_event_time_lag_seconds",
+                                    "Wall clock minus the event time of the events the job reads now (freshness)",
+                                    registry=r)
         self.lag = Gauge("rtrec_job_consumer_lag", "Events not yet consumed by the job (committed at checkpoints)",
                          registry=r)
         self.checkpoint_age = Gauge("rtrec_job_last_checkpoint_age_seconds", "Age of the last completed checkpoint",
@@ -38,6 +41,8 @@ class JobMetrics:
             self.events_in.set(health.events_in)
         if health.features_out is not None:
             self.features_out.set(health.features_out)
+        if health.event_time_lag_ms is not None:
+            self.event_time_lag.set(health.event_time_lag_ms / 1000)
         if health.last_checkpoint_age_s is not None:
             self.checkpoint_age.set(health.last_checkpoint_age_s)
         if lag is not None:
