@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 import urllib.request
 import uuid
 from pathlib import Path
@@ -19,33 +17,19 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from core.log_range import LogRange
 from core.settings import Settings
-from flink_jobs.runner import start_job
 from rtrec.cli.main import cli
-from schemas.kafka_io import read_topic
+from tests.faults.runs import env_of, reference_run, rtrec_process, windows
 from tests.faults.test_trainer_faults import wait_until
-from tests.flink_jobs.harness import T, create_topics, event, job_settings, produce, wait_for
+from tests.flink_jobs.harness import create_topics, event, job_settings, produce, wait_for
 from tests.infra import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
-ROOT = Path(__file__).parents[2]
 
 PHASE1 = [event(f"a{k}", "click" if k % 6 == 0 else "impression", f"u{k % 5}", f"i{k % 4}", 200 * k)
           for k in range(300)]  # a minute of events
 PHASE2 = [event(f"b{k}", "impression", f"u{k % 5}", f"i{k % 3}", 61_000 + 200 * k) for k in range(100)]
-PHASE2 += [event("flush", "impression", "w", "i0", 120_000)]
-
-
-def env_of(s: Settings) -> dict[str, str]:
-    f = s.flink
-    return {"RTREC_KAFKA__BOOTSTRAP_SERVERS": s.kafka.bootstrap_servers, "RTREC_REDIS__URL": s.redis.url,
-            **{f"RTREC_KAFKA__TOPICS__{k.upper()}": v for k, v in s.kafka.topics.model_dump().items()},
-            "RTREC_FLINK__HORIZONS_S": "[6]", "RTREC_FLINK__GROUP_ID": f.group_id,
-            "RTREC_FLINK__CHECKPOINT_DIR": str(f.checkpoint_dir), "RTREC_FLINK__LOG_DIR": str(f.log_dir),
-            "RTREC_FLINK__CHECKPOINT_INTERVAL_MS": "1000", "RTREC_FLINK__CHECKPOINT_FAILURES_TOLERATED": "0",
-            "RTREC_FLINK__MAX_RESTARTS": "2", "RTREC_FLINK__RESTART_DELAY_MS": "1000",
-            "RTREC_FLINK__JOB_METRICS_PORT": str(f.job_metrics_port)}
+PHASE2 += [event("flush", "impression", "flush-user", "flush-item", 120_000)]
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -54,32 +38,18 @@ def scrape(port: int) -> dict[str, float]:
                                                    if line.startswith("rtrec_job_"))}
 
 
-def features_run(s: Settings, log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rtrec", "features", "run", "--no-loader"], cwd=ROOT,
-                            env={**os.environ, **env_of(s), "PYTHONPATH": str(ROOT)}, stdout=open(log, "ab"),
-                            stderr=subprocess.STDOUT)
-
-
-def windows(records: list[dict]) -> list[tuple]:
-    return sorted((r["entity_type"], r["entity_id"], r["horizon_s"], r["window_start"], r["impressions"],
-                   r["clicks"]) for r in records if r["window_start"] < T + 110_000)
-
-
 def test_a_full_checkpoint_disk_is_reported_given_up_on_and_resumed_without_loss(
         settings: Settings, tmp_path: Path, small_disk: Path) -> None:
     reference = job_settings(settings.namespaced("ref-" + uuid.uuid4().hex[:6]), checkpoint_dir=tmp_path / "ref")
-    create_topics(reference)
-    produce(reference, PHASE1 + PHASE2)
-    start_job(reference, resume=False, log_range=LogRange(), with_samples=False).wait()
-    expected = windows(read_topic(reference.kafka.bootstrap_servers, reference.kafka.topics.features,
-                                  "FeatureRecord").records)
+    expected = reference_run(reference, PHASE1 + PHASE2).windows
 
     s = job_settings(settings.namespaced("full-" + uuid.uuid4().hex[:6]), checkpoint_dir=small_disk / "checkpoints",
-                     log_dir=tmp_path / "flink-logs", job_metrics_port=free_port())
+                     log_dir=tmp_path / "flink-logs", job_metrics_port=free_port(), checkpoint_failures_tolerated=0,
+                     max_restarts=2, restart_delay_ms=1000)
     create_topics(s)
     produce(s, PHASE1)
     log = tmp_path / "features-run.log"
-    job = features_run(s, log)
+    job = rtrec_process(s, log, "features", "run", "--no-loader")
     try:
         wait_for(s, s.kafka.topics.features, "FeatureRecord", lambda got: len(got.records) > 20, timeout_s=120)
         status = CliRunner().invoke(cli, ["features", "status"], env=env_of(s))
@@ -114,7 +84,7 @@ def test_a_full_checkpoint_disk_is_reported_given_up_on_and_resumed_without_loss
 
     filler.unlink()
     produce(s, PHASE2)  # arrives while no job runs
-    job = features_run(s, log)
+    job = rtrec_process(s, log, "features", "run", "--no-loader")
     try:
         got = wait_for(s, s.kafka.topics.features, "FeatureRecord", timeout_s=120,
                        done=lambda batch: len(windows(batch.records)) >= len(expected))

@@ -8,69 +8,39 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
-import redis
 
-from core.log_range import LogRange
 from core.settings import Settings
-from feature_store.loader import LoaderConfig, run_loader
-from feature_store.redis_store import RedisFeatureStore
-from flink_jobs.runner import latest_checkpoint, start_job
+from flink_jobs.runner import latest_checkpoint
 from schemas.kafka_io import read_topic
-from tests.faults.test_job_health import env_of, windows
+from tests.faults.runs import redis_contents, reference_run, rtrec_process, windows
 from tests.faults.test_trainer_faults import wait_until
 from tests.flink_jobs.harness import create_topics, event, job_settings, produce, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
-ROOT = Path(__file__).parents[2]
 
 PHASE1 = [event(f"a{k}", "click" if k % 6 == 0 else "impression", f"u{k % 5}", f"i{k % 4}", 200 * k)
           for k in range(300)]
 PHASE2 = [event(f"b{k}", "click" if k % 7 == 0 else "impression", f"u{k % 6}", f"i{k % 3}", 60_000 + 200 * k)
           for k in range(200)]
-# an entity of its own closes every window: a live job never closes the flush's own windows, which
-# the bounded reference run does at the end of its input
 PHASE2 += [event("flush", "impression", "flush-user", "flush-item", 120_000)]
-
-
-def redis_contents(s: Settings) -> dict[bytes, dict[bytes, bytes]]:
-    client = redis.Redis.from_url(s.redis.url)
-    prefix = s.redis.key_prefix.encode()
-    return {k.removeprefix(prefix): client.hgetall(k) for k in client.scan_iter(f"{s.redis.key_prefix}:f:*")
-            if b"flush-" not in k}
-
-
-def features_run(s: Settings, log: Path) -> subprocess.Popen:
-    env = {**os.environ, **env_of(s), "PYTHONPATH": str(ROOT), "RTREC_REDIS__KEY_PREFIX": s.redis.key_prefix,
-           "RTREC_FLINK__LOADER_GROUP_ID": s.flink.loader_group_id, "RTREC_FLINK__CHECKPOINT_FAILURES_TOLERATED": "2",
-           "RTREC_FLINK__CHECKPOINT_INTERVAL_MS": "3000"}
-    return subprocess.Popen([sys.executable, "-m", "rtrec", "features", "run"], cwd=ROOT, env=env,
-                            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def test_kill_9_of_the_whole_job_process_resumes_from_its_checkpoint_with_nothing_lost_or_doubled(
         settings: Settings, tmp_path: Path) -> None:
-    reference = job_settings(settings.namespaced("ref-" + uuid.uuid4().hex[:6]), checkpoint_dir=tmp_path / "ref")
-    create_topics(reference)
-    produce(reference, PHASE1 + PHASE2)
-    start_job(reference, resume=False, log_range=LogRange(), with_samples=False).wait()
-    expected = windows(read_topic(reference.kafka.bootstrap_servers, reference.kafka.topics.features,
-                                  "FeatureRecord").records)
-    run_loader(LoaderConfig.from_settings(reference, isolation_level="read_committed"),
-               RedisFeatureStore.from_settings(reference.redis), idle_exit_s=2.0)
-    expected_redis = redis_contents(reference)
+    reference = reference_run(job_settings(settings.namespaced("ref-" + uuid.uuid4().hex[:6]),
+                                           checkpoint_dir=tmp_path / "ref"), PHASE1 + PHASE2)
+    expected, expected_redis = reference.windows, reference.redis
 
     s = job_settings(settings.namespaced("kill-" + uuid.uuid4().hex[:6]), checkpoint_dir=tmp_path / "checkpoints",
-                     log_dir=tmp_path / "flink-logs")
+                     log_dir=tmp_path / "flink-logs", checkpoint_interval_ms=3000)
     create_topics(s)
     produce(s, PHASE1)
     log = tmp_path / "features-run.log"
-    job = features_run(s, log)
+    job = rtrec_process(s, log, "features", "run")
     try:
         wait_for(s, s.kafka.topics.features, "FeatureRecord", lambda got: len(got.records) > 20, timeout_s=120)
         produce(s, PHASE2[:100])
@@ -83,7 +53,7 @@ def test_kill_9_of_the_whole_job_process_resumes_from_its_checkpoint_with_nothin
     assert latest_checkpoint(s.flink.checkpoint_dir) is not None
     produce(s, PHASE2[100:])  # arrives while nothing runs
 
-    job = features_run(s, log)
+    job = rtrec_process(s, log, "features", "run")
     try:
         got = wait_for(s, s.kafka.topics.features, "FeatureRecord", timeout_s=180,
                        done=lambda batch: len(windows(batch.records)) >= len(expected))

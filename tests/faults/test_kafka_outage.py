@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,24 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from core.log_range import LogRange
 from core.settings import Settings
-from feature_store.loader import LoaderConfig, run_loader
-from feature_store.redis_store import RedisFeatureStore
-from flink_jobs.runner import start_job
 from gpu_trainer.snapshots import SnapshotStore
 from rtrec.services.kafka_broker import KafkaBroker
 from schemas.kafka_io import read_topic
-from tests.faults.test_job_health import env_of, windows
-from tests.faults.test_job_kill import redis_contents
-from tests.faults.test_trainer_faults import subprocess_env, wait_until
-from tests.flink_jobs.harness import T, create_topics, event, job_settings, produce, wait_for
+from tests.faults.runs import SETTLED_MS, redis_contents, reference_run, rtrec_process, windows
+from tests.faults.test_trainer_faults import wait_until
+from tests.flink_jobs.harness import create_topics, event, job_settings, produce, wait_for
 from tests.gpu_trainer.samples import digest
 from tests.gpu_trainer.test_service_kafka import trainer_settings
 from tests.infra import local_services_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
-ROOT = Path(__file__).parents[2]
 OUTAGE_S = 30
 
 PHASE1 = [event(f"a{k}", "click" if k % 3 == 0 else "impression", f"u{k % 5}", f"i{(k // 3) % 4}", 200 * k)
@@ -41,7 +33,6 @@ PHASE1 = [event(f"a{k}", "click" if k % 3 == 0 else "impression", f"u{k % 5}", f
 PHASE2 = [event(f"b{k}", "click" if k % 3 == 0 else "impression", f"u{k % 6}", f"i{(k // 3) % 3}",
                 60_000 + 200 * k) for k in range(200)]
 PHASE2 += [event("flush", "impression", "flush-user", "flush-item", 160_000)]
-SETTLED_MS = T + 110_000  # windows and labels before this are final in a live run once the flush is read
 
 
 @pytest.fixture
@@ -58,7 +49,7 @@ def run_settings(settings: Settings, run: str, tmp_path: Path, bootstrap: str | 
     if bootstrap:
         s = s.model_copy(update={"kafka": s.kafka.model_copy(update={"bootstrap_servers": bootstrap})})
     s = job_settings(s, checkpoint_dir=tmp_path / run / "checkpoints", log_dir=tmp_path / "flink-logs",
-                     attribution_window_s=5)
+                     attribution_window_s=5, checkpoint_interval_ms=3000)
     return trainer_settings(s, tmp_path / run, group_id=s.trainer.group_id)
 
 
@@ -75,35 +66,20 @@ def describe_difference(got: dict, expected: dict) -> str:
             + (f": {first!r} {got[first]!r} != {expected[first]!r}" if first else ""))
 
 
-def start(s: Settings, tmp_path: Path, log: Path, *command: str) -> subprocess.Popen:
-    env = {**os.environ, **env_of(s), **subprocess_env(s, tmp_path), "PYTHONPATH": str(ROOT),
-           "RTREC_FLINK__ATTRIBUTION_WINDOW_S": "5", "RTREC_FLINK__CHECKPOINT_INTERVAL_MS": "3000",
-           "RTREC_FLINK__LOADER_GROUP_ID": s.flink.loader_group_id, "RTREC_TRAINER__GROUP_ID": s.trainer.group_id,
-           "RTREC_FLINK__CHECKPOINT_FAILURES_TOLERATED": "2"}
-    return subprocess.Popen([sys.executable, "-m", "rtrec", *command], cwd=ROOT, env=env, stdout=open(log, "ab"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-
 def test_kafka_stopped_for_30_s_mid_run_loses_nothing_and_doubles_nothing(
         settings: Settings, tmp_path: Path, own_kafka: KafkaBroker) -> None:
     reference = run_settings(settings, "ref", tmp_path)
-    create_topics(reference)
-    produce(reference, PHASE1 + PHASE2)
-    start_job(reference, resume=False, log_range=LogRange()).wait()
-    k = reference.kafka
-    expected = windows(read_topic(k.bootstrap_servers, k.topics.features, "FeatureRecord").records)
+    expected = reference_run(reference, PHASE1 + PHASE2, with_samples=True)
     expected_samples = settled_samples(reference)
-    run_loader(LoaderConfig.from_settings(reference, isolation_level="read_committed"),
-               RedisFeatureStore.from_settings(reference.redis), idle_exit_s=2.0)
-    expected_redis = redis_contents(reference)
-    assert len(expected) > 100 and len(expected_samples) > 100 and sum(label for _, label in expected_samples) > 10
+    assert len(expected.windows) > 100 and len(expected_samples) > 100
+    assert sum(label for _, label in expected_samples) > 10
 
     s = run_settings(settings, "outage", tmp_path, bootstrap=own_kafka.bootstrap)
     create_topics(s)
     produce(s, PHASE1)
     log = tmp_path / "outage.log"
-    job = start(s, tmp_path, log, "features", "run")
-    trainer = start(s, tmp_path, log, "train", "run")
+    job = rtrec_process(s, log, "features", "run")
+    trainer = rtrec_process(s, log, "train", "run")
     try:
         wait_for(s, s.kafka.topics.features, "FeatureRecord", lambda got: len(got.records) > 20, timeout_s=120)
         own_kafka.stop()
@@ -112,11 +88,11 @@ def test_kafka_stopped_for_30_s_mid_run_loses_nothing_and_doubles_nothing(
         own_kafka.start()
         produce(s, PHASE2)
         got = wait_for(s, s.kafka.topics.features, "FeatureRecord", timeout_s=240,
-                       done=lambda batch: len(windows(batch.records)) >= len(expected))
+                       done=lambda batch: len(windows(batch.records)) >= len(expected.windows))
         deadline = time.monotonic() + 60
-        while (now := redis_contents(s)) != expected_redis and time.monotonic() < deadline:
+        while (now := redis_contents(s)) != expected.redis and time.monotonic() < deadline:
             time.sleep(1)
-        assert now == expected_redis, describe_difference(now, expected_redis)
+        assert now == expected.redis, describe_difference(now, expected.redis)
         wait_until(lambda: settled_samples(s) == expected_samples, 60, "the uninterrupted run's samples", log)
         for process in (job, trainer):
             process.send_signal(signal.SIGTERM)
@@ -127,12 +103,12 @@ def test_kafka_stopped_for_30_s_mid_run_loses_nothing_and_doubles_nothing(
                 os.killpg(process.pid, signal.SIGKILL)
     keys = [w[:4] for w in windows(got.records)]
     assert len(keys) == len(set(keys)), "a window was sent twice"
-    assert windows(got.records) == expected
+    assert windows(got.records) == expected.windows
 
     samples = read_topic(s.kafka.bootstrap_servers, s.kafka.topics.samples, "TrainingSample").records
     assert len({r["sample_id"] for r in samples}) == len(samples), "a sample was sent twice"
     # the trainer stopped cleanly; once more, it trains what may have come after its last snapshot
-    trainer = start(s, tmp_path, log, "train", "run", "--idle-exit", "4")
+    trainer = rtrec_process(s, log, "train", "run", "--idle-exit", "4")
     assert trainer.wait(120) == 0, log.read_text()[-3000:]
     store = SnapshotStore(s.trainer.snapshot_dir)
     final = store.manifest(store.latest_version())
