@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 
@@ -10,14 +11,23 @@ from tests.infra import Endpoints, containers, docker_available, local_processes
 
 
 @pytest.fixture(scope="session")
-def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
-    """Kafka bootstrap address and Redis URL for the whole session."""
-    if docker_available():
-        with containers() as found:
-            yield found
-    else:
-        with local_processes(tmp_path_factory.mktemp("services")) as found:
-            yield found
+def endpoints(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
+    """Kafka bootstrap address and Redis URL for the whole session: containers when a Docker engine
+    answers and they start, else local processes (with one line saying why, when an engine answered)."""
+    with contextlib.ExitStack() as stack:
+        found = None
+        if docker_available():
+            try:
+                found = stack.enter_context(containers())
+            except Exception as exc:  # an image that cannot be pulled, a container that never got ready
+                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+                capture = request.config.pluginmanager.get_plugin("capturemanager")
+                with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+                    print(f"\n[services] a Docker engine answers but the containers did not start ({reason}): "
+                          "using local processes")
+        if found is None:
+            found = stack.enter_context(local_processes(tmp_path_factory.mktemp("services")))
+        yield found
 
 
 @pytest.fixture
