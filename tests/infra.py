@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,15 +39,62 @@ def docker_available() -> bool:
         return False
 
 
-@contextlib.contextmanager
-def containers() -> Iterator[Endpoints]:
-    from testcontainers.kafka import KafkaContainer
-    from testcontainers.redis import RedisContainer
+def kafka_container_env(host_port: int) -> dict[str, str]:
+    """The single-node KRaft broker the local process runs (rtrec/services/kafka_broker.py), as the
+    official apache/kafka image reads its config: KAFKA_FOO_BAR -> foo.bar."""
+    props = {"node.id": "1", "process.roles": "broker,controller",
+             # the broker talks to itself (transaction markers, for one) on a listener it can reach
+             # inside the container; clients on the host get the published port
+             "listeners": "PLAINTEXT://:9092,INTERNAL://:19092,CONTROLLER://:9093",
+             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{host_port},INTERNAL://localhost:19092",
+             "inter.broker.listener.name": "INTERNAL",
+             "controller.listener.names": "CONTROLLER", "controller.quorum.voters": "1@localhost:9093",
+             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT",
+             "num.partitions": "2", "offsets.topic.replication.factor": "1", "offsets.topic.num.partitions": "4",
+             "transaction.state.log.replication.factor": "1", "transaction.state.log.min.isr": "1",
+             "transaction.state.log.num.partitions": "4", "group.initial.rebalance.delay.ms": "0",
+             "transaction.max.timeout.ms": "3600000", "log.retention.ms": "-1"}
+    return {"KAFKA_" + key.upper().replace(".", "_"): value for key, value in props.items()}
 
-    with KafkaContainer("apache/kafka:4.1.1").with_kraft() as kafka, RedisContainer("redis:7.4.2") as redis:
+
+def _without_ryuk_unless_present() -> None:
+    """testcontainers' reaper container is pulled at first use: where the engine cannot pull it, the
+    fixtures stop their own containers instead (the `with` blocks below)."""
+    import docker
+    from testcontainers.core.config import testcontainers_config
+
+    try:
+        docker.from_env(timeout=3).images.get(testcontainers_config.ryuk_image)
+    except Exception:
+        testcontainers_config.ryuk_disabled = True
+
+
+@contextlib.contextmanager
+def containers(timeout_s: float = 90.0) -> Iterator[Endpoints]:
+    from confluent_kafka.admin import AdminClient
+    from testcontainers.community.redis import RedisContainer
+    from testcontainers.core.container import DockerContainer
+
+    _without_ryuk_unless_present()
+    port = free_port()
+    kafka = DockerContainer("apache/kafka:4.1.1").with_bind_ports(9092, port)
+    for name, value in kafka_container_env(port).items():
+        kafka.with_env(name, value)
+    with kafka, RedisContainer("redis:7.4.2") as redis:
+        bootstrap = f"127.0.0.1:{port}"
+        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if admin.list_topics(timeout=2).brokers:
+                    break
+            except Exception:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the Kafka container did not answer on {bootstrap} within {timeout_s:.0f} s")
+            time.sleep(0.5)
         host = redis.get_container_host_ip()
-        yield Endpoints(kafka.get_bootstrap_server(), f"redis://{host}:{redis.get_exposed_port(6379)}/0",
-                        "testcontainers")
+        yield Endpoints(bootstrap, f"redis://{host}:{redis.get_exposed_port(6379)}/0", "testcontainers")
 
 
 def local_services_settings(state_dir: Path) -> ServicesSettings:
