@@ -35,6 +35,7 @@ class JobWatch:
         self.restarts = 0
         self._next_poll = 0.0
         self._dir_problem: str | None = None
+        self._state = ""
 
     def tick(self) -> str:
         """The job's state now (GONE once the mini-cluster has shut down with it); a restart is
@@ -45,14 +46,17 @@ class JobWatch:
             return "GONE"
         if self.rest is not None:
             try:
-                restarted = state == "RESTARTING" or self.rest.restarts(self.job_id) > self.restarts
+                # a restart's RESTARTING state spans several ticks (the restart delay): counted once
+                restarted = (state == "RESTARTING" and self._state != "RESTARTING") \
+                    or self.rest.restarts(self.job_id) > self.restarts
                 if restarted or time.monotonic() >= self._next_poll:
                     self._poll(restarted)
             except _REST_ERRORS:
                 pass  # the REST API is busy or going away with the job: the next tick asks again
-        elif state == "RESTARTING" and self.restarts == 0:
-            self.restarts = 1
+        elif state == "RESTARTING" and self._state != "RESTARTING":
+            self.restarts += 1
             self.say("feature job RESTARTING (no REST API to ask why: see the Flink log)")
+        self._state = state
         self.tally.poll()
         return state
 

@@ -45,7 +45,7 @@ def test_a_full_checkpoint_disk_is_reported_given_up_on_and_resumed_without_loss
 
     s = job_settings(settings.namespaced("full-" + uuid.uuid4().hex[:6]), checkpoint_dir=small_disk / "checkpoints",
                      log_dir=tmp_path / "flink-logs", job_metrics_port=free_port(), checkpoint_failures_tolerated=0,
-                     max_restarts=2, restart_delay_ms=1000)
+                     max_restarts=2, restart_delay_ms=3000)
     create_topics(s)
     produce(s, PHASE1)
     log = tmp_path / "features-run.log"
@@ -79,6 +79,9 @@ def test_a_full_checkpoint_disk_is_reported_given_up_on_and_resumed_without_loss
     out = log.read_text()
     assert job.returncode == 1, out[-3000:]
     assert re.search(r"feature job RESTARTING \(restart \d; .*No space left on device", out), out[-3000:]
+    # each restart once, though its RESTARTING state lasts several of features run's one-second ticks
+    told = [int(n) for n in re.findall(r"RESTARTING \(restart (\d+);", out)]
+    assert told == sorted(set(told)) and max(told) <= 2, out[-3000:]
     last = out.strip().splitlines()[-1]
     assert last.startswith("Error: feature job ") and "No space left on device" in last, out[-3000:]
 
