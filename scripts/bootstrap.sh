@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the project needs and reuses what is already there:
-#   - a Python venv in the cache, keyed by the hash of requirements/*.txt (torch is large: install once);
+#   - a Python venv in the cache, keyed by the hash of the lock file requirements/dev.txt (torch is large:
+#     install once; scripts/lock-requirements.sh updates the lock);
 #   - redis-server (Debian package, installed when missing and running as root);
 #   - the Kafka broker and Flink connector jars, resolved by Maven into the cache.
 # Prints nothing on a warm machine except one line; leaves `.venv` pointing at the venv.
@@ -37,14 +38,15 @@ if [ -z "$PYTHON" ]; then
 fi
 [ -n "$PYTHON" ] || die "Python >= 3.11 is required (set RTREC_PYTHON to its path)"
 
-KEY=$(cat "$ROOT/requirements/runtime.txt" "$ROOT/requirements/test.txt" | sha256sum | cut -c1-16)
+# the pins and hashes, not the comments on where each requirement comes from
+KEY=$(grep -v "^ *#" "$ROOT/requirements/dev.txt" | sha256sum | cut -c1-16)
 VENV="$CACHE/venv-$KEY"
 if [ ! -f "$VENV/.complete" ]; then
     say "creating $VENV (first run: torch and apache-flink are large, this takes several minutes)"
     rm -rf "$VENV"
     "$PYTHON" -m venv "$VENV"
     "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -q -r "$ROOT/requirements/runtime.txt" -r "$ROOT/requirements/test.txt"
+    "$VENV/bin/python" -m pip install -q --no-deps --require-hashes -r "$ROOT/requirements/dev.txt"
     touch "$VENV/.complete"
 fi
 ln -sfn "$VENV" "$ROOT/.venv"
