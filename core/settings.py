@@ -44,6 +44,8 @@ class ServicesSettings(Section):
     cache_dir: Path = Field(default_factory=_default_cache_dir)
     start_timeout_s: float = 90.0
     stop_timeout_s: float = 20.0
+    # Where every Prometheus endpoint (trainer, loader, job) listens; 0.0.0.0 inside a container.
+    metrics_host: str = "127.0.0.1"
 
     @property
     def jar_cache_dir(self) -> Path:
@@ -131,7 +133,7 @@ class FlinkSettings(Section):
     max_restarts: int = 5
     restart_window_s: int = 600
     restart_delay_ms: int = 5_000
-    job_metrics_port: int = 0  # > 0: `features run` serves Prometheus metrics (rtrec_job_*) on 127.0.0.1
+    job_metrics_port: int = 0  # > 0: `features run` serves Prometheus metrics (rtrec_job_*)
     attribution_window_s: int = 30
     max_future_skew_ms: int = 3_600_000
     max_event_age_ms: int | None = None  # None: any age (historical replays); else older is malformed
@@ -148,7 +150,7 @@ class FlinkSettings(Section):
     loader_group_id: str = "rtrec-redis-loader"
     loader_batch: int = 20_000
     loader_outage_s: float = 300.0  # Redis or Kafka unreachable this long: the loader exits non-zero
-    loader_metrics_port: int = 0  # > 0: the loader serves Prometheus metrics (rtrec_loader_*) on 127.0.0.1
+    loader_metrics_port: int = 0  # > 0: the loader serves Prometheus metrics (rtrec_loader_*)
     # read_uncommitted: Redis sees a window as soon as the job sends it, not at the next checkpoint.
     # Safe because the job recomputes an aborted transaction's windows from the same events after
     # recovery, and a write for the same window end replaces the earlier one (newest window wins).

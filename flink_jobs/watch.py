@@ -29,7 +29,7 @@ class JobWatch:
         self.poll_every_s = poll_every_s
         self.metrics = JobMetrics()
         if f.job_metrics_port:
-            self.metrics.serve(f.job_metrics_port)
+            self.metrics.serve(f.job_metrics_port, settings.services.metrics_host)
         self.tally = DeadLetterTally(k.bootstrap_servers, k.topics.dead_letter, self.metrics)
         self.health: JobHealth | None = None
         self.restarts = 0

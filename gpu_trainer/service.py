@@ -42,8 +42,9 @@ class RunSummary:
 class TrainerService:
     def __init__(self, cfg: TrainerSettings, source: SampleSource, outputs: TrainerOutputs, pointer: ModelPointer,
                  store: SnapshotStore, n_features: int = len(FEATURE_NAMES), metrics: TrainerMetrics | None = None,
-                 learner: Learner | None = None) -> None:
+                 learner: Learner | None = None, metrics_host: str = "127.0.0.1") -> None:
         self.cfg = cfg
+        self.metrics_host = metrics_host
         self.source = source
         self.outputs = outputs
         self.pointer = pointer
@@ -75,7 +76,8 @@ class TrainerService:
 
         registry = ModelRegistry.from_settings(settings.trainer, settings.redis)
         return cls(settings.trainer, KafkaSampleSource.from_settings(settings.kafka, settings.trainer),
-                   KafkaTrainerOutputs.from_settings(settings.kafka).open(), registry, registry.store)
+                   KafkaTrainerOutputs.from_settings(settings.kafka).open(), registry, registry.store,
+                   metrics_host=settings.services.metrics_host)
 
     def _restore(self, version: int) -> Manifest:
         manifest = restore(self.store, version, self.learner)
@@ -123,7 +125,7 @@ class TrainerService:
         self.source.start(self.positions)
         log.info("consuming %s from %s", self.source.topic, self.positions or "the beginning")
         if self.cfg.metrics_port:
-            self.metrics.serve(self.cfg.metrics_port)
+            self.metrics.serve(self.cfg.metrics_port, self.metrics_host)
         last_input = time.monotonic()
         try:
             while not should_stop():

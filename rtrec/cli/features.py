@@ -84,7 +84,7 @@ def _loader_metrics(settings: Settings) -> object:
 
     metrics = LoaderMetrics()
     if settings.flink.loader_metrics_port:
-        metrics.serve(settings.flink.loader_metrics_port)
+        metrics.serve(settings.flink.loader_metrics_port, settings.services.metrics_host)
     return metrics
 
 
