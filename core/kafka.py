@@ -7,12 +7,15 @@ per record only enqueues), consuming uses `consume(num_messages=...)`.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+
+log = logging.getLogger("rtrec.kafka")
 
 
 def ensure_topics(bootstrap: str, topics: Iterable[str], partitions: int = 2, timeout_s: float = 30.0) -> None:
@@ -69,8 +72,23 @@ def is_transient(error: KafkaError) -> bool:
     return not error.fatal() and (error.retriable() or error.code() in _TRANSIENT)
 
 
+_MISSING_TOPIC_WARN_EVERY_S = 30.0
+_missing_topic_warned: dict[str, float] = {}
+
+
+def _waiting_for_topic(err: KafkaError) -> None:
+    """A subscribed topic that does not exist yet (the job that writes it has not started): consumers
+    wait for it, as Kafka's own do, saying so now and then so that a misspelt name is seen."""
+    now = time.monotonic()
+    text = err.str()
+    if now - _missing_topic_warned.get(text, -_MISSING_TOPIC_WARN_EVERY_S) >= _MISSING_TOPIC_WARN_EVERY_S:
+        _missing_topic_warned[text] = now
+        log.warning("waiting for the topic to be created: %s", text)
+
+
 def poll_messages(consumer: Consumer, max_records: int, timeout_s: float, fill: bool = False) -> list[Message]:
-    """Up to `max_records` messages within `timeout_s`; end-of-partition events are skipped, errors raised.
+    """Up to `max_records` messages within `timeout_s`; end-of-partition events are skipped, errors raised
+    (but for transient ones and a subscribed topic that does not exist yet, which are waited out).
 
     With `fill`, polls again until `max_records` arrived or the time is up (a micro-batch that closes
     on size or time); without, returns what one fetch brought (as soon as anything arrived).
@@ -83,6 +101,8 @@ def poll_messages(consumer: Consumer, max_records: int, timeout_s: float, fill: 
             err = msg.error()
             if err is None:
                 out.append(msg)
+            elif err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                _waiting_for_topic(err)
             elif err.code() != KafkaError._PARTITION_EOF and not is_transient(err):
                 raise KafkaException(err)  # transient ones: librdkafka reconnects and fetches again
         if not fill or len(out) >= max_records or remaining <= 0:

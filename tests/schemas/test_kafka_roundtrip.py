@@ -7,7 +7,7 @@ from confluent_kafka import Producer
 
 from core.kafka import ensure_topics, producer_config
 from core.settings import Settings
-from schemas.kafka_io import AvroProducer, read_topic
+from schemas.kafka_io import AvroConsumer, AvroProducer, read_topic
 from tests.schemas.test_serde import EXAMPLES
 
 pytestmark = pytest.mark.integration
@@ -42,3 +42,27 @@ def test_foreign_records_are_rejected_with_reason_not_raised(settings: Settings)
     assert got.records == [EXAMPLES["InteractionEvent"]]
     reasons = [r.reason for r in got.rejected]
     assert reasons == ["missing rtrec-schema header", "unknown InteractionEvent schema fingerprint deadbeefdeadbeef"]
+
+
+def test_a_consumer_waits_for_a_topic_that_does_not_exist_yet(settings: Settings,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """The trainer may start before the job creates the samples topic: it waits, it does not crash."""
+    topic = f"{settings.kafka.topics.samples}.later"
+    consumer = AvroConsumer(settings.kafka.bootstrap_servers, f"g-{topic}", [topic], "InteractionEvent",
+                            auto_offset_reset="earliest")
+    try:
+        with caplog.at_level("WARNING", logger="rtrec.kafka"):
+            assert consumer.poll_batch(10, 3.0).records == []
+        assert any(topic in r.getMessage() and "waiting for the topic" in r.getMessage() for r in caplog.records)
+        ensure_topics(settings.kafka.bootstrap_servers, [topic], partitions=1)
+        producer = AvroProducer(producer_config(settings.kafka.bootstrap_servers), topic, "InteractionEvent")
+        producer.produce(EXAMPLES["InteractionEvent"])
+        assert producer.flush().delivered == 1
+        got: list = []
+        for _ in range(30):
+            got += consumer.poll_batch(10, 1.0).records
+            if got:
+                break
+        assert got == [EXAMPLES["InteractionEvent"]]
+    finally:
+        consumer.close()
