@@ -31,4 +31,5 @@ def run(settings: Settings, max_samples: int | None, idle_exit_s: float | None, 
         summary = TrainerService.from_settings(settings).run(max_samples=max_samples, idle_exit_s=idle_exit_s,
                                                              should_stop=stop.is_set)
     click.echo(f"trained {summary.samples_trained} samples, dead-lettered {summary.dead_lettered}, "
-               f"snapshots {summary.snapshots}, promoted {summary.promoted}, resumed from v{summary.resumed_from}")
+               f"snapshots {summary.snapshots}, promoted {summary.promoted}, "
+               + ("started fresh" if summary.resumed_from is None else f"resumed from v{summary.resumed_from}"))
