@@ -3,12 +3,14 @@ gives the same output as the embedded run."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 from core.settings import Settings
+from flink_jobs.submit import job_running
 from rtrec.services.flink_cluster import FlinkCluster
 from schemas.kafka_io import ConsumedBatch
 from tests.flink_jobs.harness import create_topics, event, job_settings, produce, running_job, wait_for
@@ -43,7 +45,9 @@ def test_cluster_submission_matches_embedded(settings: Settings, tmp_path: Path)
 
     cluster = FlinkCluster(local_services_settings(tmp_path), rest_port=free_port(), rpc_port=free_port())
     assert cluster.start().startswith("started on")
+    assert job_running(f"http://127.0.0.1:{free_port()}") is None  # no answer: the keeper must not resubmit
     try:
+        assert job_running(cluster.rest_url) is False
         c = clustered
         env = {"RTREC_KAFKA__BOOTSTRAP_SERVERS": c.kafka.bootstrap_servers,
                **{f"RTREC_KAFKA__TOPICS__{k.upper()}": v for k, v in c.kafka.topics.model_dump().items()},
@@ -53,7 +57,12 @@ def test_cluster_submission_matches_embedded(settings: Settings, tmp_path: Path)
                "RTREC_FLINK__CHECKPOINT_DIR": str(tmp_path / "cluster-checkpoints")}
         job_id = cluster.submit(ROOT / "flink_jobs" / "submit.py", ["--no-samples"], env=env)
         remote = wait_for(c, c.kafka.topics.features, "FeatureRecord", expect, timeout_s=120)
+        assert job_running(cluster.rest_url) is True
         cluster.cancel(job_id)
+        deadline = time.monotonic() + 60
+        while job_running(cluster.rest_url) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert job_running(cluster.rest_url) is False
     finally:
         cluster.stop()
 
