@@ -7,14 +7,14 @@ True
 from __future__ import annotations
 
 from feature_store.keys import pair_id_sql
-from flink_jobs.ddl import header_literal
+from flink_jobs.ddl import header_literal, quote
 
 ENTITY_KEYS = {"user": "user_id", "item": "item_id", "user_item": pair_id_sql("user_id", "item_id")}
 COUNTERPART = {"user": "item_id", "item": "user_id", "user_item": "item_id"}
 
 
 def _count(event_type: str) -> str:
-    return f"CAST(COUNT(*) FILTER (WHERE event_type = '{event_type}') AS BIGINT)"
+    return f"CAST(COUNT(*) FILTER (WHERE event_type = {quote(event_type)}) AS BIGINT)"
 
 
 def interval(seconds: int) -> str:
@@ -39,7 +39,7 @@ def window_sql(entity_type: str, size_s: int, slide_s: int) -> str:
     dwell_n = "COUNT(dwell_ms)"
     return f"""SELECT
   CAST({key} AS BYTES) AS entity_id_key,
-  '{entity_type}' AS entity_type,
+  {quote(entity_type)} AS entity_type,
   {key} AS entity_id,
   CAST({size_s} AS INT) AS horizon_s,
   window_start,
@@ -88,7 +88,7 @@ def dead_letters_sql(decoded: str, topic: str, window_s: int) -> str:
     return f"""SELECT
   'feature-job' AS stage,
   {reason} AS reason,
-  '{topic}' AS source_topic,
+  {quote(topic)} AS source_topic,
   `partition` AS source_partition,
   `offset` AS source_offset,
   CAST(NULL AS BYTES) AS `key`,
