@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -80,9 +81,58 @@ class KafkaSettings(Section):
 
 
 class RedisSettings(Section):
+    """Where the online features and the model pointer live. A secured Redis: an ACL user and its
+    password (or `password_file`, read when connecting), and TLS with a `rediss://` URL, the CA that
+    signed the server's certificate and, if the server asks for one, a client certificate and key.
+    The password never appears in a printed setting (`SecretStr`, `redacted_url`)."""
+
     url: str = "redis://127.0.0.1:16379/0"
     key_prefix: str = "rtrec"
     ttl_s: int = 86_400
+    username: str | None = None
+    password: SecretStr | None = None
+    password_file: Path | None = None
+    ssl_ca_file: Path | None = None
+    ssl_cert_file: Path | None = None
+    ssl_key_file: Path | None = None
+
+    def connection_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments `redis.Redis.from_url(url, **kwargs)` needs beyond the URL.
+
+        >>> RedisSettings(username="u", password="p").connection_kwargs()
+        {'username': 'u', 'password': 'p'}
+        >>> RedisSettings(ssl_ca_file="ca.pem").connection_kwargs()
+        Traceback (most recent call last):
+        ...
+        ValueError: redis.ssl_ca_file/ssl_cert_file/ssl_key_file need a rediss:// URL (redis.url is redis://127.0.0.1:16379/0)
+        """
+        kwargs: dict[str, Any] = {}
+        if self.username:
+            kwargs["username"] = self.username
+        if self.password is not None:
+            kwargs["password"] = self.password.get_secret_value()
+        elif self.password_file is not None:
+            kwargs["password"] = self.password_file.read_text().strip()
+        tls = {"ssl_ca_certs": self.ssl_ca_file, "ssl_certfile": self.ssl_cert_file, "ssl_keyfile": self.ssl_key_file}
+        tls = {k: str(v) for k, v in tls.items() if v is not None}
+        if tls and not self.url.startswith("rediss://"):
+            raise ValueError("redis.ssl_ca_file/ssl_cert_file/ssl_key_file need a rediss:// URL "
+                             f"(redis.url is {self.redacted_url()})")
+        return kwargs | tls
+
+    def redacted_url(self) -> str:
+        """The URL with any password in it replaced by `***`, for messages.
+
+        >>> RedisSettings(url="rediss://app:s3cret@cache:6380/0").redacted_url()
+        'rediss://app:***@cache:6380/0'
+        """
+        parts = urlsplit(self.url)
+        if parts.password is None:
+            return self.url
+        user = parts.username or ""
+        host = parts.hostname or ""
+        netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts._replace(netloc=netloc))
 
 
 class SyntheticSettings(Section):

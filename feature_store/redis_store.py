@@ -76,8 +76,10 @@ def latest_per_slot(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, A
 class RedisFeatureStore:
     """FeatureWriter and FeatureReader over one Redis database; the client is created on first use."""
 
-    def __init__(self, url: str, key_prefix: str, ttl_s: int) -> None:
+    def __init__(self, url: str, key_prefix: str, ttl_s: int, connection: Mapping[str, Any] | None = None) -> None:
+        """`connection`: what `redis.Redis.from_url` needs beyond the URL (ACL user, password, TLS files)."""
         self.url = url
+        self.connection = dict(connection or {})
         self.prefix = key_prefix
         self.ttl_s = ttl_s
         self._client: redis.Redis | None = None
@@ -85,12 +87,13 @@ class RedisFeatureStore:
 
     @classmethod
     def from_settings(cls, redis_settings: RedisSettings) -> RedisFeatureStore:
-        return cls(redis_settings.url, redis_settings.key_prefix, redis_settings.ttl_s)
+        return cls(redis_settings.url, redis_settings.key_prefix, redis_settings.ttl_s,
+                   redis_settings.connection_kwargs())
 
     @property
     def client(self) -> redis.Redis:
         if self._client is None:
-            self._client = redis.Redis.from_url(self.url)
+            self._client = redis.Redis.from_url(self.url, **self.connection)
         return self._client
 
     def _writer(self) -> Any:

@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -31,20 +33,23 @@ class SnapshotRow:
 
 
 class ModelRegistry:
-    def __init__(self, store: SnapshotStore, redis_url: str, key_prefix: str) -> None:
+    def __init__(self, store: SnapshotStore, redis_url: str, key_prefix: str,
+                 connection: Mapping[str, Any] | None = None) -> None:
         self.store = store
         self.key = model_pointer_key(key_prefix)
         self._url = redis_url
+        self._connection = dict(connection or {})  # ACL user, password, TLS files (RedisSettings)
         self._client: redis.Redis | None = None
 
     @classmethod
     def from_settings(cls, trainer: TrainerSettings, redis_settings: RedisSettings) -> ModelRegistry:
-        return cls(SnapshotStore(trainer.snapshot_dir), redis_settings.url, redis_settings.key_prefix)
+        return cls(SnapshotStore(trainer.snapshot_dir), redis_settings.url, redis_settings.key_prefix,
+                   redis_settings.connection_kwargs())
 
     @property
     def client(self) -> redis.Redis:
         if self._client is None:
-            self._client = redis.Redis.from_url(self._url)
+            self._client = redis.Redis.from_url(self._url, **self._connection)
         return self._client
 
     def current_version(self) -> int | None:

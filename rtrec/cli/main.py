@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
+import redis
 
-from core.settings import load_settings
+from core.settings import Settings, load_settings
 from rtrec.cli.backfill import backfill_command
 from rtrec.cli.demo import demo_command
 from rtrec.cli.evaluate import evaluate_command
@@ -18,7 +20,21 @@ from rtrec.cli.topics import consume_command
 from rtrec.cli.train import train_group
 
 
-@click.group()
+class RtrecGroup(click.Group):
+    """Turns a refused Redis login into one line naming the server and the user (never the password)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except redis.AuthenticationError as exc:
+            settings = ctx.obj if isinstance(ctx.obj, Settings) else load_settings()
+            r = settings.redis
+            raise click.ClickException(
+                f"Redis at {r.redacted_url()} refused user {r.username or 'default'}: {exc} "
+                "(check redis.username and redis.password / redis.password_file)") from exc
+
+
+@click.group(cls=RtrecGroup)
 @click.option("--config", "config_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
               envvar="RTREC_CONFIG", help="TOML settings file (env vars RTREC_* override it).")
 @click.pass_context
