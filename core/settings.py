@@ -208,8 +208,24 @@ class FlinkSettings(Section):
     loader_isolation: Literal["read_uncommitted", "read_committed"] = "read_uncommitted"
 
 
+class AutoscaleSettings(Section):
+    """How many trainer workers the consumer lag calls for (gpu_trainer/scaling.py): one per
+    `lag_per_worker` messages, between `min_workers` and `max_workers`, never more than the samples
+    topic has partitions. Up at once (after `up_cooldown_s`), down only when the lag is `down_margin`
+    below the smaller count's threshold and `down_cooldown_s` have passed since the last change."""
+
+    lag_per_worker: int = 1_000
+    min_workers: int = 2
+    max_workers: int = 20
+    down_margin: float = 0.2
+    up_cooldown_s: float = 30.0
+    down_cooldown_s: float = 300.0
+
+
 class TrainerSettings(Section):
     """The incremental trainer (gpu_trainer/)."""
+
+    autoscale: AutoscaleSettings = AutoscaleSettings()
 
     group_id: str = "rtrec-trainer"
     # Static group membership: a restarted trainer takes its partitions back at once instead of
