@@ -19,7 +19,7 @@ reads the lag from Kafka and changes the number of ranks applies it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core.settings import AutoscaleSettings
 
@@ -41,27 +41,17 @@ class Decision:
 
 @dataclass(frozen=True)
 class ScalingPolicy:
-    lag_per_worker: int = 1_000
-    min_workers: int = 2
-    max_workers: int = 20
-    down_margin: float = 0.2
-    up_cooldown_s: float = 30.0
-    down_cooldown_s: float = 300.0
-
-    @classmethod
-    def from_settings(cls, a: AutoscaleSettings) -> ScalingPolicy:
-        return cls(a.lag_per_worker, a.min_workers, a.max_workers, a.down_margin, a.up_cooldown_s,
-                   a.down_cooldown_s)
+    cfg: AutoscaleSettings = field(default_factory=AutoscaleSettings)
 
     def bounds(self, partitions: int) -> tuple[int, int]:
         """(fewest, most) workers for a topic of `partitions` partitions."""
-        most = max(1, min(self.max_workers, partitions))
-        return min(self.min_workers, most), most
+        most = max(1, min(self.cfg.max_workers, partitions))
+        return min(self.cfg.min_workers, most), most
 
     def target(self, lag: int, partitions: int) -> int:
         """The workers `lag` calls for, within the bounds, before cooldowns and hysteresis."""
         fewest, most = self.bounds(partitions)
-        return max(fewest, min(most, math.ceil(max(lag, 0) / self.lag_per_worker)))
+        return max(fewest, min(most, math.ceil(max(lag, 0) / self.cfg.lag_per_worker)))
 
     def decide(self, scale: Scale, lag: int, partitions: int, now_s: float) -> Decision:
         fewest, most = self.bounds(partitions)
@@ -72,15 +62,15 @@ class ScalingPolicy:
         wanted = self.target(lag, partitions)
         since = math.inf if scale.changed_at_s is None else now_s - scale.changed_at_s
         if wanted > current:
-            if since < self.up_cooldown_s:
+            if since < self.cfg.up_cooldown_s:
                 return Decision(current, False, f"lag {lag} calls for {wanted}, cooling down after the last change")
-            return Decision(wanted, True, f"lag {lag} calls for {wanted} workers ({self.lag_per_worker} each)")
+            return Decision(wanted, True, f"lag {lag} calls for {wanted} workers ({self.cfg.lag_per_worker} each)")
         if wanted < current:
             # Hysteresis: the smaller count must handle the lag with room to spare (down_margin).
-            spared = max(wanted, math.ceil(max(lag, 0) / (self.lag_per_worker * (1.0 - self.down_margin))))
+            spared = max(wanted, math.ceil(max(lag, 0) / (self.cfg.lag_per_worker * (1.0 - self.cfg.down_margin))))
             if spared >= current:
                 return Decision(current, False, f"lag {lag} is within the margin of {current} workers")
-            if since < self.down_cooldown_s:
+            if since < self.cfg.down_cooldown_s:
                 return Decision(current, False, f"lag {lag} allows {spared}, cooling down after the last change")
             return Decision(spared, True, f"lag {lag} needs only {spared} workers")
         return Decision(current, False, f"lag {lag} matches {current} workers")

@@ -8,13 +8,13 @@ from collections.abc import Callable
 from core.settings import AutoscaleSettings
 from gpu_trainer.scaling import Scale, ScalingPolicy
 
-POLICY = ScalingPolicy.from_settings(AutoscaleSettings())  # 1,000 per worker, 2..20, 30 s up, 300 s down
+POLICY = ScalingPolicy(AutoscaleSettings())  # 1,000 per worker, 2..20, 30 s up, 300 s down
 
 
 def run(trace: Callable[[float], int], seconds: int, partitions: int = 32, every_s: int = 10,
         policy: ScalingPolicy = POLICY) -> list[tuple[float, int]]:
     """(time, workers) after every observation of `trace` every `every_s` seconds."""
-    scale, history = Scale(policy.min_workers, None), []
+    scale, history = Scale(policy.cfg.min_workers, None), []
     for t in range(0, seconds, every_s):
         d = policy.decide(scale, trace(t), partitions, float(t))
         if d.changed:
@@ -51,7 +51,7 @@ def test_a_ramp_only_goes_up_and_stops_at_the_maximum() -> None:
     assert workers == sorted(workers) and workers[-1] == 20
     # never behind by more than the up cooldown allows: at t the lag is 50 t, the target ceil(50 t / 1000)
     for t, w in history:
-        assert w >= min(20, POLICY.target(int((t - POLICY.up_cooldown_s) * 50), 32))
+        assert w >= min(20, POLICY.target(int((t - POLICY.cfg.up_cooldown_s) * 50), 32))
 
 
 def test_a_lag_oscillating_around_a_threshold_does_not_flap() -> None:
