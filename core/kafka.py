@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -18,9 +18,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 log = logging.getLogger("rtrec.kafka")
 
 
-def ensure_topics(bootstrap: str, topics: Iterable[str], partitions: int = 2, timeout_s: float = 30.0) -> None:
-    """Creates the topics that do not exist yet (replication factor 1: a single-node broker)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+def ensure_topics(bootstrap: str, topics: Iterable[str], partitions: int = 2, timeout_s: float = 30.0,
+                  security: Mapping[str, str] | None = None) -> None:
+    """Creates the topics that do not exist yet (replication factor 1: a single-node broker).
+
+    `security`, here and below: the client's authentication and TLS properties
+    (`KafkaSecuritySettings.librdkafka()`)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(security or {})})
     existing = set(admin.list_topics(timeout=timeout_s).topics)
     missing = [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics if t not in existing]
     if not missing:
@@ -120,10 +124,11 @@ def cached_lag(consumer: Consumer, partitions: list[TopicPartition]) -> int:
     return total
 
 
-def group_lag(bootstrap: str, group_id: str, topic: str, timeout_s: float = 10.0) -> dict[int, int]:
+def group_lag(bootstrap: str, group_id: str, topic: str, timeout_s: float = 10.0,
+              security: Mapping[str, str] | None = None) -> dict[int, int]:
     """Per partition, the records between the group's committed offset (the partition's start when it
     has none) and the partition's end; read without joining the group."""
-    consumer = Consumer(consumer_config(bootstrap, group_id))
+    consumer = Consumer(consumer_config(bootstrap, group_id, **(security or {})))
     try:
         partitions = sorted(consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions)
         committed = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout_s)

@@ -70,8 +70,101 @@ class TopicSettings(Section):
         return self.model_copy(update={k: f"{v}.{suffix}" for k, v in self.model_dump().items()})
 
 
+class KafkaSecuritySettings(Section):
+    """How every Kafka client authenticates and encrypts: the Python clients (librdkafka) and the
+    feature job's Flink connector (Java), from one description. The password comes from `password` (a
+    secret: printed settings show `**********`) or `password_file`, read when a client is configured.
+    `client_properties` / `flink_properties`: anything else, in each client's own names."""
+
+    protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    username: str | None = None
+    password: SecretStr | None = None
+    password_file: Path | None = None
+    ssl_ca_file: Path | None = None
+    ssl_cert_file: Path | None = None
+    ssl_key_file: Path | None = None
+    client_properties: dict[str, str] = Field(default_factory=dict)
+    flink_properties: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol.startswith("SASL")
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol.endswith("SSL")
+
+    def _password(self) -> str:
+        if self.password is not None:
+            return self.password.get_secret_value()
+        if self.password_file is not None:
+            return self.password_file.read_text().strip()
+        raise ValueError(f"kafka.security.protocol {self.protocol} needs kafka.security.password or password_file")
+
+    def librdkafka(self) -> dict[str, str]:
+        """Properties for confluent-kafka's producers, consumers and admin clients.
+
+        >>> KafkaSecuritySettings().librdkafka()
+        {}
+        >>> sorted(KafkaSecuritySettings(protocol="SASL_SSL", username="u", password="p", ssl_ca_file="ca.pem")
+        ...        .librdkafka().items())  # doctest: +NORMALIZE_WHITESPACE
+        [('sasl.mechanism', 'SCRAM-SHA-512'), ('sasl.password', 'p'), ('sasl.username', 'u'),
+         ('security.protocol', 'SASL_SSL'), ('ssl.ca.location', 'ca.pem')]
+        """
+        if self.protocol == "PLAINTEXT":
+            return dict(self.client_properties)
+        props = {"security.protocol": self.protocol}
+        if self.sasl:
+            if not self.username:
+                raise ValueError(f"kafka.security.protocol {self.protocol} needs kafka.security.username")
+            props |= {"sasl.mechanism": self.sasl_mechanism, "sasl.username": self.username,
+                      "sasl.password": self._password()}
+        if self.tls:
+            files = {"ssl.ca.location": self.ssl_ca_file, "ssl.certificate.location": self.ssl_cert_file,
+                     "ssl.key.location": self.ssl_key_file}
+            props |= {k: str(v) for k, v in files.items() if v is not None}
+        return props | self.client_properties
+
+    def flink_connector(self) -> dict[str, str]:
+        """The same for the Kafka client inside Flink's SQL connector (`properties.` is added there): a
+        JAAS line for SASL, naming the login module by its shaded name (flink-sql-connector-kafka
+        relocates Kafka's classes), and a PEM truststore for TLS.
+
+        >>> j = KafkaSecuritySettings(protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN", username="u",
+        ...                           password="p").flink_connector()
+        >>> j["sasl.jaas.config"]  # doctest: +NORMALIZE_WHITESPACE
+        'org.apache.flink.kafka.shaded.org.apache.kafka.common.security.plain.PlainLoginModule required
+         username="u" password="p";'
+        """
+        if self.protocol == "PLAINTEXT":
+            return dict(self.flink_properties)
+        props = {"security.protocol": self.protocol}
+        if self.sasl:
+            if not self.username:
+                raise ValueError(f"kafka.security.protocol {self.protocol} needs kafka.security.username")
+            module = SHADED_KAFKA + ("common.security.plain.PlainLoginModule" if self.sasl_mechanism == "PLAIN"
+                                     else "common.security.scram.ScramLoginModule")
+            props |= {"sasl.mechanism": self.sasl_mechanism,
+                      "sasl.jaas.config": f'{module} required username="{_jaas(self.username)}" '
+                                          f'password="{_jaas(self._password())}";'}
+        if self.tls and self.ssl_ca_file is not None:
+            props |= {"ssl.truststore.type": "PEM", "ssl.truststore.location": str(self.ssl_ca_file)}
+        # A client certificate for the connector (one PEM file holding key and chain) goes in
+        # flink_properties: ssl.keystore.type=PEM, ssl.keystore.location=FILE.
+        return props | self.flink_properties
+
+
+SHADED_KAFKA = "org.apache.flink.kafka.shaded.org.apache.kafka."  # where the Flink connector keeps Kafka
+
+
+def _jaas(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
 class KafkaSettings(Section):
     bootstrap_servers: str = "127.0.0.1:19092"
+    security: KafkaSecuritySettings = KafkaSecuritySettings()
     topics: TopicSettings = TopicSettings()
     partitions: int = 2
     linger_ms: int = 20

@@ -15,7 +15,7 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -63,12 +63,15 @@ class LoaderConfig:
     # rebuild: read every partition from its beginning, whatever the group committed (Redis was lost);
     # newest-window-wins makes writing old windows again harmless
     from_beginning: bool = False
+    # the Kafka clients' authentication and TLS (KafkaSecuritySettings.librdkafka())
+    security: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> LoaderConfig:
         k, f = settings.kafka, settings.flink
         return replace(cls(k.bootstrap_servers, k.topics.features, k.topics.dead_letter, f.loader_group_id,
-                           f.loader_batch, k.partitions, f.loader_isolation, outage_s=f.loader_outage_s),
+                           f.loader_batch, k.partitions, f.loader_isolation, outage_s=f.loader_outage_s,
+                           security=k.security.librdkafka()),
                        **overrides)
 
 
@@ -122,9 +125,9 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
     def retried(what: str) -> None:
         m.retries.labels(what=what).inc()
 
-    ensure_topics(c.bootstrap, [c.topic], c.partitions)
+    ensure_topics(c.bootstrap, [c.topic], c.partitions, security=c.security)
     consumer = AvroConsumer(c.bootstrap, c.group_id, None, "FeatureRecord", isolation_level=c.isolation_level,
-                            **{"fetch.min.bytes": 1, "fetch.wait.max.ms": 50})
+                            **{"fetch.min.bytes": 1, "fetch.wait.max.ms": 50, **c.security})
     rewound: set[int] = set()
 
     def on_assign(raw: Any, partitions: list[TopicPartition]) -> None:
@@ -136,7 +139,7 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
         raw.assign(partitions)
 
     consumer.raw.subscribe([c.topic], on_assign=on_assign)
-    dead = AvroProducer(producer_config(c.bootstrap, linger_ms=5), c.dead_letter_topic, "DeadLetter")
+    dead = AvroProducer(producer_config(c.bootstrap, linger_ms=5, **c.security), c.dead_letter_topic, "DeadLetter")
     stats = LoaderStats()
     pending: deque[tuple[float, dict[tuple[str, int], int]]] = deque()  # (written at, next offsets)
 

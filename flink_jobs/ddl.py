@@ -77,14 +77,18 @@ def with_options(options: Mapping[str, str]) -> str:
     return "WITH (\n  " + ",\n  ".join(f"{quote(k)} = {quote(v)}" for k, v in options.items()) + "\n)"
 
 
-def kafka_options(topic: str, bootstrap: str, **extra: str) -> dict[str, str]:
-    return {"connector": "kafka", "topic": topic, "properties.bootstrap.servers": bootstrap, **extra}
+def kafka_options(topic: str, bootstrap: str, client: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """The connector's options; `client`: Java client properties (authentication, TLS), each passed on
+    as `properties.<name>`."""
+    return {"connector": "kafka", "topic": topic, "properties.bootstrap.servers": bootstrap,
+            **{f"properties.{k}": v for k, v in (client or {}).items()}, **extra}
 
 
 def events_source_ddl(name: str, topic: str, bootstrap: str, group_id: str, watermark_delay_ms: int,
-                      time_udf: str, decode_args: str, startup: Mapping[str, str]) -> str:
+                      time_udf: str, decode_args: str, startup: Mapping[str, str],
+                      client: Mapping[str, str] | None = None) -> str:
     """Raw bytes + headers + position; the rowtime is computed in the JVM from the Avro value."""
-    options = kafka_options(topic, bootstrap, **{"format": "raw", "properties.group.id": group_id,
+    options = kafka_options(topic, bootstrap, client, **{"format": "raw", "properties.group.id": group_id,
                                                  "properties.isolation.level": "read_committed", **startup})
     return f"""CREATE TEMPORARY TABLE {name} (
   `value` BYTES,
@@ -97,9 +101,10 @@ def events_source_ddl(name: str, topic: str, bootstrap: str, group_id: str, wate
 
 
 def avro_sink_ddl(name: str, schema_name: str, topic: str, bootstrap: str, exactly_once: bool,
-                  transactional_prefix: str, key_field: str | None = None) -> str:
+                  transactional_prefix: str, key_field: str | None = None,
+                  client: Mapping[str, str] | None = None) -> str:
     cols = ",\n  ".join(f"`{n}` {t}" for n, t in columns(schema_name))
-    options = kafka_options(topic, bootstrap, **{"value.format": "avro"})
+    options = kafka_options(topic, bootstrap, client, **{"value.format": "avro"})
     if key_field:
         options.update({"key.format": "raw", "key.fields": key_field + "_key", "value.fields-include": "EXCEPT_KEY"})
         cols = f"`{key_field}_key` BYTES,\n  " + cols

@@ -52,16 +52,18 @@ def build_job(settings: Settings, t_env: TableEnvironment, log_range: LogRange |
                                         {"properties.max.partition.fetch.bytes": str(f.source_fetch_bytes),
                                          **(connector_options(log_range) if log_range is not None else
                                             {"scan.startup.mode": "group-offsets",
-                                             "properties.auto.offset.reset": "earliest"})}))
+                                             "properties.auto.offset.reset": "earliest"})},
+                                        client=k.security.flink_connector()))
     t_env.create_temporary_view("decoded", t_env.sql_query(decoded_view_sql("events_raw", "RTREC_DECODE_EVENT",
                                                                             args)))
     t_env.create_temporary_view("events", t_env.sql_query(good_events_sql("decoded", f.window_s)))
 
     exactly_once = f.checkpoint_interval_ms > 0
     t_env.execute_sql(avro_sink_ddl("features_sink", "FeatureRecord", k.topics.features, k.bootstrap_servers,
-                                    exactly_once, f"rtrec-{job_id}-features", key_field="entity_id"))
+                                    exactly_once, f"rtrec-{job_id}-features", key_field="entity_id",
+                                    client=k.security.flink_connector()))
     t_env.execute_sql(avro_sink_ddl("dead_letter_sink", "DeadLetter", k.topics.dead_letter, k.bootstrap_servers,
-                                    exactly_once, f"rtrec-{job_id}-dead"))
+                                    exactly_once, f"rtrec-{job_id}-dead", client=k.security.flink_connector()))
 
     statements = t_env.create_statement_set()
     windows = [(f.window_s, f.window_s), *((h, slide_s(f, h)) for h in f.horizons_s or HORIZONS_S)]
@@ -92,5 +94,6 @@ def add_samples(settings: Settings, t_env: TableEnvironment, statements: Stateme
             parts.append(feature_rows_sql(view, entity, h, slide_s(f, h)))
     t_env.create_temporary_view("sample_rows", t_env.sql_query("\nUNION ALL\n".join(parts)))
     t_env.execute_sql(avro_sink_ddl("samples_sink", "TrainingSample", k.topics.samples, k.bootstrap_servers,
-                                    exactly_once, f"rtrec-{job_id}-samples", key_field="user_id"))
+                                    exactly_once, f"rtrec-{job_id}-samples", key_field="user_id",
+                                    client=k.security.flink_connector()))
     statements.add_insert_sql(f"INSERT INTO samples_sink {samples_sql('sample_rows', f.window_s)}")

@@ -3,6 +3,8 @@ from the job's REST figures, its consumer group's lag and the dead letters it wr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
@@ -53,8 +55,9 @@ class DeadLetterTally:
     """Counts the feature job's dead letters by kind of reason as they are committed, from the end of
     the dead-letter topic at start (no consumer group: nothing is committed, nothing is left behind)."""
 
-    def __init__(self, bootstrap: str, topic: str, metrics: JobMetrics, timeout_s: float = 10.0) -> None:
-        self._consumer = Consumer(consumer_config(bootstrap, "rtrec-dead-letter-tally"))
+    def __init__(self, bootstrap: str, topic: str, metrics: JobMetrics, timeout_s: float = 10.0,
+                 security: Mapping[str, str] | None = None) -> None:
+        self._consumer = Consumer(consumer_config(bootstrap, "rtrec-dead-letter-tally", **(security or {})))
         partitions = self._consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
         self._consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in partitions])
         self._decode = deserializer("DeadLetter")

@@ -30,7 +30,8 @@ class JobWatch:
         self.metrics = JobMetrics()
         if f.job_metrics_port:
             self.metrics.serve(f.job_metrics_port, settings.services.metrics_host)
-        self.tally = DeadLetterTally(k.bootstrap_servers, k.topics.dead_letter, self.metrics)
+        self.tally = DeadLetterTally(k.bootstrap_servers, k.topics.dead_letter, self.metrics,
+                                     security=k.security.librdkafka())
         self.health: JobHealth | None = None
         self.restarts = 0
         self._next_poll = 0.0
@@ -66,7 +67,8 @@ class JobWatch:
         self.health = health = self.rest.health(self.job_id)
         f, k = self.settings.flink, self.settings.kafka
         try:
-            lag: int | None = sum(group_lag(k.bootstrap_servers, f.group_id, k.topics.events, timeout_s=2.0).values())
+            lag: int | None = sum(group_lag(k.bootstrap_servers, f.group_id, k.topics.events, timeout_s=2.0,
+                                            security=k.security.librdkafka()).values())
         except Exception:  # Kafka unreachable right now: the lag gauge keeps its last value
             lag = None
         self.metrics.update(health, lag)

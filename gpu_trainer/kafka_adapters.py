@@ -27,18 +27,19 @@ class KafkaSampleSource:
     the samples polled since the snapshot are already in the model."""
 
     def __init__(self, bootstrap: str, topic: str, group_id: str, instance_id: str | None = None,
-                 session_timeout_ms: int = 10_000) -> None:
+                 session_timeout_ms: int = 10_000, security: Mapping[str, str] | None = None) -> None:
         self.topic = topic
         self.start_offsets: dict[tuple[str, int], int] = {}
         self.assigned: set[int] = set()
         self._consumer = AvroConsumer(bootstrap, group_id, None, "TrainingSample", keep_rejected_values=True,
                                       **{"fetch.min.bytes": 1, "session.timeout.ms": session_timeout_ms,
-                                         **({"group.instance.id": instance_id} if instance_id else {})})
+                                         **({"group.instance.id": instance_id} if instance_id else {}),
+                                         **(security or {})})
 
     @classmethod
     def from_settings(cls, kafka: KafkaSettings, trainer: TrainerSettings) -> KafkaSampleSource:
         return cls(kafka.bootstrap_servers, kafka.topics.samples, trainer.group_id, trainer.instance_id,
-                   trainer.session_timeout_ms)
+                   trainer.session_timeout_ms, kafka.security.librdkafka())
 
     def start(self, positions: Mapping[tuple[str, int], int]) -> None:
         self.start_offsets = dict(positions)
@@ -87,18 +88,21 @@ class KafkaSampleSource:
 class KafkaTrainerOutputs:
     """Dead letters and snapshot announcements; `open` creates the topics."""
 
-    def __init__(self, bootstrap: str, dead_letter_topic: str, snapshots_topic: str, partitions: int = 1) -> None:
-        self._bootstrap, self._partitions = bootstrap, partitions
-        config = producer_config(bootstrap, linger_ms=5)
+    def __init__(self, bootstrap: str, dead_letter_topic: str, snapshots_topic: str, partitions: int = 1,
+                 security: Mapping[str, str] | None = None) -> None:
+        self._bootstrap, self._partitions, self._security = bootstrap, partitions, dict(security or {})
+        config = producer_config(bootstrap, linger_ms=5, **self._security)
         self.dead = AvroProducer(config, dead_letter_topic, "DeadLetter")
         self.snapshots = AvroProducer(config, snapshots_topic, "ModelSnapshot")
 
     @classmethod
     def from_settings(cls, kafka: KafkaSettings) -> KafkaTrainerOutputs:
-        return cls(kafka.bootstrap_servers, kafka.topics.dead_letter, kafka.topics.snapshots, kafka.partitions)
+        return cls(kafka.bootstrap_servers, kafka.topics.dead_letter, kafka.topics.snapshots, kafka.partitions,
+                   kafka.security.librdkafka())
 
     def open(self) -> KafkaTrainerOutputs:
-        ensure_topics(self._bootstrap, [self.dead.topic, self.snapshots.topic], self._partitions)
+        ensure_topics(self._bootstrap, [self.dead.topic, self.snapshots.topic], self._partitions,
+                      security=self._security)
         return self
 
     def dead_letter(self, rejects: Sequence[Reject]) -> None:
@@ -111,7 +115,8 @@ class KafkaTrainerOutputs:
     def dead_lettered_since(self, since_ms: int) -> set[bytes]:
         """Reads the dead-letter topic from `since_ms` on: one pass at start, over what came after the
         snapshot resumed from."""
-        records = read_topic(self._bootstrap, self.dead.topic, "DeadLetter", since_ms=since_ms).records
+        records = read_topic(self._bootstrap, self.dead.topic, "DeadLetter", since_ms=since_ms,
+                             security=self._security).records
         return {r["key"] for r in records if r["stage"] == "trainer" and r["key"] is not None}
 
     def announce(self, snapshot: Mapping[str, Any]) -> None:

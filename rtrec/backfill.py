@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,13 +46,14 @@ class BackfillError(RuntimeError):
     pass
 
 
-def range_offsets(bootstrap: str, topic: str, log_range: LogRange) -> dict[int, tuple[int, int]]:
+def range_offsets(bootstrap: str, topic: str, log_range: LogRange,
+                  security: Mapping[str, str] | None = None) -> dict[int, tuple[int, int]]:
     """Per partition, the [start, end) offsets the range selects (Kafka resolves a time to the first
     offset whose record timestamp is at or after it)."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "rtrec-backfill-range",
-                         "enable.auto.commit": False})
+                         "enable.auto.commit": False, **(security or {})})
     try:
         partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
         bounds = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30) for p in partitions}
@@ -85,7 +86,7 @@ def run_backfill(settings: Settings, log_range: LogRange, with_samples: bool = T
     # the run's own features and samples topics, groups, checkpoints and snapshot store; Redis features stay live
     s = settings.namespaced(run_id, topics=("features", "samples"), redis=False)
     k = s.kafka
-    offsets = range_offsets(k.bootstrap_servers, k.topics.events, log_range)
+    offsets = range_offsets(k.bootstrap_servers, k.topics.events, log_range, security=k.security.librdkafka())
     n_events = sum(end - start for start, end in offsets.values())
     if n_events == 0:
         raise BackfillError(
@@ -94,7 +95,8 @@ def run_backfill(settings: Settings, log_range: LogRange, with_samples: bool = T
             "was replayed behind newer, give offsets (--from 0:120,1:98) or replay history into a topic of "
             "its own (RTREC_KAFKA__TOPICS__EVENTS)")
     say(f"[backfill] {n_events} records of {k.topics.events} in range (offsets {offsets})")
-    ensure_topics(k.bootstrap_servers, [k.topics.features, k.topics.samples, k.topics.dead_letter], k.partitions)
+    ensure_topics(k.bootstrap_servers, [k.topics.features, k.topics.samples, k.topics.dead_letter], k.partitions,
+                  security=k.security.librdkafka())
     job = start_job(s, resume=False, log_range=log_range, job_id=run_id, with_samples=with_samples)
     say(f"[backfill] job {job.get_job_client().get_job_id()} over {log_range}; features -> {k.topics.features}"
         + (f", samples -> {k.topics.samples}" if with_samples else ""))

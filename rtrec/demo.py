@@ -12,7 +12,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,8 +52,8 @@ class DemoResult:
     plots: list[Path] = field(default_factory=list)
 
 
-def delete_old_demo_topics(bootstrap: str) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+def delete_old_demo_topics(bootstrap: str, security: Mapping[str, str] | None = None) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(security or {})})
     old = [t for t in admin.list_topics(timeout=10).topics if DEMO_RUN.search(t)]
     if old:
         for future in admin.delete_topics(old, operation_timeout=30).values():
@@ -71,8 +71,9 @@ def run_demo(base: Settings, seconds: float, rate: float, say: Callable[[str], N
     s = s.model_copy(update={"synthetic": s.synthetic.model_copy(update={"events_per_second_event_time": rate})})
     result = DemoResult(run_id)
     k = s.kafka
-    delete_old_demo_topics(k.bootstrap_servers)
-    ensure_topics(k.bootstrap_servers, list(k.topics.model_dump().values()), k.partitions)
+    delete_old_demo_topics(k.bootstrap_servers, security=k.security.librdkafka())
+    ensure_topics(k.bootstrap_servers, list(k.topics.model_dump().values()), k.partitions,
+                  security=k.security.librdkafka())
     stop = threading.Event()
     say(f"[flink] starting the feature job (embedded mini-cluster), run {run_id}")
     job = start_job(s, resume=False)
@@ -112,9 +113,11 @@ def run_demo(base: Settings, seconds: float, rate: float, say: Callable[[str], N
 def _collect(s: Settings, result: DemoResult, trainer: TrainerService, loader_stats: list[LoaderStats],
              store: RedisFeatureStore) -> None:
     k = s.kafka
-    samples = read_topic(k.bootstrap_servers, k.topics.samples, "TrainingSample").records
+    samples = read_topic(k.bootstrap_servers, k.topics.samples, "TrainingSample",
+                         security=k.security.librdkafka()).records
     result.samples = len(samples)
-    result.dead_letters = len(read_topic(k.bootstrap_servers, k.topics.dead_letter, "DeadLetter").records)
+    result.dead_letters = len(read_topic(k.bootstrap_servers, k.topics.dead_letter, "DeadLetter",
+                                         security=k.security.librdkafka()).records)
     if loader_stats:
         result.feature_records = loader_stats[0].records
         result.redis_slots = loader_stats[0].slots_written

@@ -88,14 +88,17 @@ def _through_pipeline(settings: Settings, produce: Callable[[Settings], None],
     run = f"eval-{uuid.uuid4().hex[:8]}"
     s = settings.namespaced(run)
     topics = s.kafka.topics
-    ensure_topics(s.kafka.bootstrap_servers, list(topics.model_dump().values()), s.kafka.partitions)
+    ensure_topics(s.kafka.bootstrap_servers, list(topics.model_dump().values()), s.kafka.partitions,
+                  security=s.kafka.security.librdkafka())
     produce(s)
     say("[evaluate] running the feature job over them")
     start_job(s, resume=False, log_range=LogRange(),
               job_id=run).wait()
-    samples = read_topic(s.kafka.bootstrap_servers, topics.samples, "TrainingSample", timeout_s=120).records
+    samples = read_topic(s.kafka.bootstrap_servers, topics.samples, "TrainingSample", timeout_s=120,
+                         security=s.kafka.security.librdkafka()).records
     samples.sort(key=lambda r: (r["event_time"], r["sample_id"]))
-    dead = read_topic(s.kafka.bootstrap_servers, topics.dead_letter, "DeadLetter", timeout_s=60).records
+    dead = read_topic(s.kafka.bootstrap_servers, topics.dead_letter, "DeadLetter", timeout_s=60,
+                      security=s.kafka.security.librdkafka()).records
     say(f"[evaluate] {len(samples)} samples, {np.mean([r['label'] for r in samples]):.3%} positive; "
         f"{len(dead)} dead letters in {topics.dead_letter}")
     return samples

@@ -154,10 +154,12 @@ def _end_offset(consumer: Consumer, tp: TopicPartition, deadline: float) -> int:
 
 
 def read_topic(bootstrap: str, topic: str, schema_name: str, timeout_s: float = 60.0,
-               isolation_level: str = "read_committed", since_ms: int | None = None) -> ConsumedBatch:
+               isolation_level: str = "read_committed", since_ms: int | None = None,
+               security: Mapping[str, str] | None = None) -> ConsumedBatch:
     """Every record from the beginning (or from the first with a timestamp at or after `since_ms`) up
     to the end offsets seen at call time (no consumer group)."""
-    consumer = AvroConsumer(bootstrap, "rtrec-reader", None, schema_name, isolation_level=isolation_level)
+    consumer = AvroConsumer(bootstrap, "rtrec-reader", None, schema_name, isolation_level=isolation_level,
+                            **(security or {}))
     raw = consumer.raw
     try:
         deadline = time.monotonic() + timeout_s

@@ -139,9 +139,10 @@ def status(settings: Settings) -> None:
     checkpoint = latest_checkpoint(f.checkpoint_dir) if f.checkpoint_dir.is_dir() else None
     report = {
         "job": {**health_or_reason(RunningJob.find(f.checkpoint_dir)), "group": f.group_id, "topic": k.topics.events,
-                "lag": group_lag(k.bootstrap_servers, f.group_id, k.topics.events)},
+                "lag": group_lag(k.bootstrap_servers, f.group_id, k.topics.events, security=k.security.librdkafka())},
         "loader": {"group": f.loader_group_id, "topic": k.topics.features,
-                   "lag": group_lag(k.bootstrap_servers, f.loader_group_id, k.topics.features)},
+                   "lag": group_lag(k.bootstrap_servers, f.loader_group_id, k.topics.features,
+                                    security=k.security.librdkafka())},
         "retained_checkpoint": None if checkpoint is None else {"path": str(checkpoint), "age_s": _age_s(checkpoint)},
     }
     for part in ("job", "loader"):

@@ -23,7 +23,7 @@ def consume_command(settings: Settings, topic: str, max_records: int, timeout: f
     """Print records of one pipeline topic from its beginning (JSON lines)."""
     name = getattr(settings.kafka.topics, topic)
     consumer = AvroConsumer(settings.kafka.bootstrap_servers, f"rtrec-cli-{uuid.uuid4().hex[:8]}", [name],
-                            SCHEMA_BY_TOPIC_FIELD[topic])
+                            SCHEMA_BY_TOPIC_FIELD[topic], **settings.kafka.security.librdkafka())
     try:
         batch = consume_until(consumer, max_records, timeout)
     finally:

@@ -33,8 +33,10 @@ class ProduceSummary:
 
 def _events_producer(settings: Settings) -> AvroProducer:
     k = settings.kafka
-    ensure_topics(k.bootstrap_servers, [k.topics.events, k.topics.dead_letter], k.partitions)
-    cfg = producer_config(k.bootstrap_servers, k.linger_ms, k.batch_size_bytes, k.compression)
+    ensure_topics(k.bootstrap_servers, [k.topics.events, k.topics.dead_letter], k.partitions,
+                  security=k.security.librdkafka())
+    cfg = producer_config(k.bootstrap_servers, k.linger_ms, k.batch_size_bytes, k.compression,
+                          **k.security.librdkafka())
     return AvroProducer(cfg, k.topics.events, "InteractionEvent")
 
 
@@ -104,7 +106,8 @@ def produce_replay(settings: Settings, paths: Path | Sequence[Path], mapping: Co
     produced = _send(producer, events, len(events), None, speedup, progress)
     if rejected:
         k = settings.kafka
-        dead = AvroProducer(producer_config(k.bootstrap_servers), k.topics.dead_letter, "DeadLetter")
+        dead = AvroProducer(producer_config(k.bootstrap_servers, **k.security.librdkafka()), k.topics.dead_letter,
+                            "DeadLetter")
         now = int(time.time() * 1000)
         for r in rejected:
             if report is not None:

@@ -22,6 +22,7 @@ from gpu_trainer.model_registry import ModelRegistry
 from rtrec.cli.main import cli
 from tests.feature_store.test_redis_store import record
 from tests.infra import free_port
+from tests.tls import make_certs
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("redis-server") is None or shutil.which("openssl") is None,
@@ -42,22 +43,6 @@ class SecuredRedis:
             "password_file": self.password_file, "ssl_ca_file": self.certs / "ca.pem",
             "ssl_cert_file": self.certs / "client.pem", "ssl_key_file": self.certs / "client.key"}
         return RedisSettings(**(fields | change))
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def make_certs(d: Path) -> None:
-    """A CA for the run, a server certificate for 127.0.0.1 and a client certificate, signed by it."""
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=rtrec-test-ca",
-             "-keyout", "ca.key", "-out", "ca.pem", cwd=d)
-    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    for name in ("server", "client"):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN=rtrec-{name}", "-keyout", f"{name}.key",
-                 "-out", f"{name}.csr", cwd=d)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-days", "1", "-out", f"{name}.pem", "-extfile", "san.ext", cwd=d)
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,8 @@ def event(eid: str, etype: str, user: str, item: str, offset_ms: int, dwell: int
 
 
 def produce(settings: Settings, events: list[dict]) -> None:
-    producer = AvroProducer(producer_config(settings.kafka.bootstrap_servers), settings.kafka.topics.events,
+    k = settings.kafka
+    producer = AvroProducer(producer_config(k.bootstrap_servers, **k.security.librdkafka()), k.topics.events,
                             "InteractionEvent")
     for e in events:
         producer.produce(e, key=e["user_id"], timestamp_ms=e["event_time"])
@@ -35,7 +36,9 @@ def produce(settings: Settings, events: list[dict]) -> None:
 
 
 def create_topics(settings: Settings, partitions: int = 1) -> None:
-    ensure_topics(settings.kafka.bootstrap_servers, list(settings.kafka.topics.model_dump().values()), partitions)
+    k = settings.kafka
+    ensure_topics(k.bootstrap_servers, list(k.topics.model_dump().values()), partitions,
+                  security=k.security.librdkafka())
 
 
 @contextlib.contextmanager
@@ -54,7 +57,7 @@ def wait_for(settings: Settings, topic: str, schema_name: str, done: Callable[[C
     deadline = time.monotonic() + timeout_s
     while True:
         got = read_topic(settings.kafka.bootstrap_servers, topic, schema_name, timeout_s=10,
-                         isolation_level=isolation_level)
+                         isolation_level=isolation_level, security=settings.kafka.security.librdkafka())
         if done(got) or time.monotonic() > deadline:
             return got
         time.sleep(0.5)

@@ -1,0 +1,160 @@
+"""A secured Kafka, for real: a KRaft broker whose only client listener is SASL_SSL (SCRAM-SHA-512, the
+user created when the storage is formatted; a PEM certificate signed by the run's CA). The Python
+clients and the feature job's connector reach it through `KafkaSecuritySettings`; a wrong password and
+a client without TLS are refused; the password appears in no log or output."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
+
+from core.kafka import group_lag
+from core.maven import classpath, resolve_jars
+from core.settings import KafkaSecuritySettings, Settings, load_settings
+from rtrec.services.kafka_broker import LOG4J2, random_cluster_id
+from schemas.kafka_io import ConsumedBatch, read_topic
+from tests.flink_jobs.harness import create_topics, event, job_settings, produce, running_job, wait_for
+from tests.infra import free_port
+from tests.tls import make_certs
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("java") is None or shutil.which("openssl") is None,
+                                 reason="needs java and openssl")]
+
+PASSWORD = "kafka-pw-51c0e2-not-in-any-output"
+
+
+@dataclass
+class SecuredKafka:
+    bootstrap: str
+    certs: Path
+    password_file: Path
+    log_file: Path
+
+    def security(self, **change: object) -> KafkaSecuritySettings:
+        fields: dict[str, object] = {"protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512",
+                                     "username": "rtrec", "password_file": self.password_file,
+                                     "ssl_ca_file": self.certs / "ca.pem"}
+        return KafkaSecuritySettings(**(fields | change))
+
+
+def broker_properties(port: int, internal: int, controller: int, certs: Path, data: Path) -> str:
+    return "\n".join([
+        "process.roles=broker,controller", "node.id=1",
+        f"controller.quorum.bootstrap.servers=127.0.0.1:{controller}",
+        # clients: SASL_SSL only; the broker's own traffic stays on loopback listeners of its own
+        f"listeners=SASL_SSL://127.0.0.1:{port},INTERNAL://127.0.0.1:{internal},CONTROLLER://127.0.0.1:{controller}",
+        f"advertised.listeners=SASL_SSL://127.0.0.1:{port},INTERNAL://127.0.0.1:{internal}",
+        "controller.listener.names=CONTROLLER", "inter.broker.listener.name=INTERNAL",
+        "listener.security.protocol.map=CONTROLLER:PLAINTEXT,INTERNAL:PLAINTEXT,SASL_SSL:SASL_SSL",
+        "sasl.enabled.mechanisms=SCRAM-SHA-512",
+        "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config="
+        "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+        "ssl.keystore.type=PEM", f"ssl.keystore.location={certs / 'server-keystore.pem'}",
+        f"log.dirs={data}", "num.partitions=1", "offsets.topic.replication.factor=1",
+        "offsets.topic.num.partitions=2", "transaction.state.log.replication.factor=1",
+        "transaction.state.log.min.isr=1", "transaction.state.log.num.partitions=2",
+        "group.initial.rebalance.delay.ms=0", "transaction.max.timeout.ms=3600000", "", ])
+
+
+@pytest.fixture(scope="module")
+def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredKafka]:
+    home = tmp_path_factory.mktemp("secured-kafka")
+    (home / "certs").mkdir()
+    certs = make_certs(home / "certs")
+    port, internal, controller = free_port(), free_port(), free_port()
+    props = home / "server.properties"
+    props.write_text(broker_properties(port, internal, controller, certs, home / "data"))
+    (home / "password").write_text(PASSWORD)
+    (home / "log4j2.properties").write_text(LOG4J2)
+    log_file = home / "kafka.log"
+    jvm = ["java", "-Xmx512m", f"-Dlog4j2.configurationFile={home / 'log4j2.properties'}",
+           f"-Drtrec.kafka.log={log_file}",
+           "-cp", classpath(resolve_jars("kafka-pom.xml", load_settings().services.jar_cache_dir))]
+    # The SCRAM credential is written into the metadata log when the storage is formatted.
+    subprocess.run([*jvm, "kafka.tools.StorageTool", "format", "--standalone", "-t", random_cluster_id(),
+                    "-c", str(props), "--add-scram", f"SCRAM-SHA-512=[name=rtrec,password={PASSWORD}]"],
+                   check=True, capture_output=True)
+    stdout = (home / "kafka.stdout").open("w")
+    proc = subprocess.Popen([*jvm, "kafka.Kafka", str(props)], stdout=stdout, stderr=subprocess.STDOUT)
+    server = SecuredKafka(f"127.0.0.1:{port}", certs, home / "password", log_file)
+    admin = AdminClient({"bootstrap.servers": server.bootstrap, **server.security().librdkafka()})
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            if admin.list_topics(timeout=5).brokers:
+                break
+        except KafkaException:
+            pass
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            raise RuntimeError(f"the SASL_SSL broker did not start: {(home / 'kafka.stdout').read_text()[-2000:]}")
+        time.sleep(1)
+    try:
+        yield server
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        stdout.close()
+
+
+def secured_settings(settings: Settings, server: SecuredKafka, tmp_path: Path) -> Settings:
+    kafka = settings.kafka.model_copy(update={"bootstrap_servers": server.bootstrap, "security": server.security()})
+    return job_settings(settings.model_copy(update={"kafka": kafka}), checkpoint_dir=tmp_path / "checkpoints",
+                        log_dir=tmp_path / "flink-logs")
+
+
+def test_python_clients_and_the_feature_job_work_over_sasl_ssl(settings: Settings, secured_kafka: SecuredKafka,
+                                                                tmp_path: Path) -> None:
+    s = secured_settings(settings, secured_kafka, tmp_path)
+    create_topics(s)
+    events = [event("e1", "impression", "u1", "i1", 100), event("e2", "click", "u1", "i1", 900, dwell=500),
+              event("e3", "impression", "u2", "i1", 2500), event("e4", "impression", "u3", "i2", 30_000)]
+    produce(s, events)
+    got = read_topic(s.kafka.bootstrap_servers, s.kafka.topics.events, "InteractionEvent", timeout_s=30,
+                     security=s.kafka.security.librdkafka())
+    assert len(got.records) == 4
+
+    def windows_closed(batch: ConsumedBatch) -> bool:
+        return any(r["entity_type"] == "user_item" for r in batch.records)
+
+    with running_job(s, with_samples=False):
+        features = wait_for(s, s.kafka.topics.features, "FeatureRecord", windows_closed, timeout_s=120)
+    users = {(r["entity_id"], r["horizon_s"]) for r in features.records if r["entity_type"] == "user"}
+    assert {("u1", 3), ("u2", 3)} <= users
+    lag = group_lag(s.kafka.bootstrap_servers, s.flink.group_id, s.kafka.topics.events,
+                    security=s.kafka.security.librdkafka())
+    assert set(lag) == {0}
+
+    logs = [p for p in tmp_path.rglob("*") if p.is_file()] + [secured_kafka.log_file]
+    assert logs and not [p for p in logs if PASSWORD in p.read_text(errors="replace")]
+
+
+def test_a_wrong_password_and_a_plain_client_are_refused(secured_kafka: SecuredKafka) -> None:
+    wrong = secured_kafka.security(password_file=None, password="not-the-password").librdkafka()
+    said: list[KafkaError] = []
+    admin = AdminClient({"bootstrap.servers": secured_kafka.bootstrap, **wrong, "error_cb": said.append})
+    with pytest.raises(KafkaException):
+        admin.list_topics(timeout=10)
+    admin.poll(1)  # serves the error callback
+    # librdkafka names the cause through the error callback: the broker refused the credentials
+    assert any(e.code() == KafkaError._AUTHENTICATION and "invalid credentials" in e.str() for e in said), said
+    plain = AdminClient({"bootstrap.servers": secured_kafka.bootstrap})
+    with pytest.raises(KafkaException):
+        plain.list_topics(timeout=5)
+
+
+def test_the_settings_never_show_the_password(secured_kafka: SecuredKafka) -> None:
+    security = secured_kafka.security(password_file=None, password=PASSWORD)
+    shown = repr(security) + str(security.model_dump()) + security.model_dump_json()
+    assert PASSWORD not in shown
+    with pytest.raises(ValueError, match="needs kafka.security.password or password_file"):
+        secured_kafka.security(password_file=None).librdkafka()
