@@ -37,10 +37,22 @@ def ensure_topics(bootstrap: str, topics: Iterable[str], partitions: int = 2, ti
                 raise RuntimeError(f"cannot create topic {topic}: {exc}") from exc
 
 
+class KafkaAuthenticationError(KafkaException):
+    """The broker refused the client's credentials: no retry helps, a person must fix the settings."""
+
+
+def refuse_on_authentication_error(err: KafkaError) -> None:
+    """librdkafka reports refused credentials only through the error callback, and then retries
+    forever; raised here, the error leaves the poll, flush or consume call that served it."""
+    if err.code() == KafkaError._AUTHENTICATION:
+        raise KafkaAuthenticationError(err)
+
+
 def producer_config(bootstrap: str, linger_ms: int = 20, batch_size_bytes: int = 1_000_000,
                     compression: str = "lz4", **extra: Any) -> dict[str, Any]:
     return {
         "bootstrap.servers": bootstrap,
+        "error_cb": refuse_on_authentication_error,
         "linger.ms": linger_ms,
         "batch.size": batch_size_bytes,
         "compression.type": compression,
@@ -55,6 +67,7 @@ def consumer_config(bootstrap: str, group_id: str, isolation_level: str = "read_
     """Offsets are never committed automatically: every consumer here commits after its work is done."""
     return {
         "bootstrap.servers": bootstrap,
+        "error_cb": refuse_on_authentication_error,
         "group.id": group_id,
         "auto.offset.reset": auto_offset_reset,
         "enable.auto.commit": False,

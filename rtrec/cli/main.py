@@ -8,6 +8,7 @@ from typing import Any
 import click
 import redis
 
+from core.kafka import KafkaAuthenticationError
 from core.settings import Settings, load_settings
 from rtrec.cli.backfill import backfill_command
 from rtrec.cli.demo import demo_command
@@ -21,11 +22,19 @@ from rtrec.cli.train import train_group
 
 
 class RtrecGroup(click.Group):
-    """Turns a refused Redis login into one line naming the server and the user (never the password)."""
+    """Turns a refused Kafka or Redis login into one line naming the server and the user (never the
+    password), and a non-zero exit."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except KafkaAuthenticationError as exc:
+            settings = ctx.obj if isinstance(ctx.obj, Settings) else load_settings()
+            k = settings.kafka
+            raise click.ClickException(
+                f"Kafka at {k.bootstrap_servers} refused user {k.security.username or '(none)'} "
+                f"({k.security.protocol} {k.security.sasl_mechanism}): {exc.args[0].str()} "
+                "(check kafka.security.username and password / password_file)") from exc
         except redis.AuthenticationError as exc:
             settings = ctx.obj if isinstance(ctx.obj, Settings) else load_settings()
             r = settings.redis

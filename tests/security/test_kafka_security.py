@@ -158,3 +158,22 @@ def test_the_settings_never_show_the_password(secured_kafka: SecuredKafka) -> No
     assert PASSWORD not in shown
     with pytest.raises(ValueError, match="needs kafka.security.password or password_file"):
         secured_kafka.security(password_file=None).librdkafka()
+
+
+def test_refused_credentials_end_a_command_with_one_line(secured_kafka: SecuredKafka, settings: Settings,
+                                                         tmp_path: Path) -> None:
+    """librdkafka would retry refused credentials forever: the command stops, says why, exits 1."""
+    from click.testing import CliRunner
+
+    from rtrec.cli.main import cli
+
+    env = {"RTREC_KAFKA__BOOTSTRAP_SERVERS": secured_kafka.bootstrap, "RTREC_KAFKA__SECURITY__PROTOCOL": "SASL_SSL",
+           "RTREC_KAFKA__SECURITY__USERNAME": "rtrec", "RTREC_KAFKA__SECURITY__PASSWORD": "not-the-password",
+           "RTREC_KAFKA__SECURITY__SSL_CA_FILE": str(secured_kafka.certs / "ca.pem"),
+           "RTREC_KAFKA__TOPICS__SAMPLES": settings.kafka.topics.samples}
+    started = time.monotonic()
+    result = CliRunner().invoke(cli, ["consume", "samples", "--timeout", "30"], env=env)
+    assert result.exit_code == 1, result.output
+    assert f"Kafka at {secured_kafka.bootstrap} refused user rtrec" in result.output
+    assert "invalid credentials" in result.output and "not-the-password" not in result.output
+    assert time.monotonic() - started < 25
