@@ -70,7 +70,29 @@ class TopicSettings(Section):
         return self.model_copy(update={k: f"{v}.{suffix}" for k, v in self.model_dump().items()})
 
 
-class KafkaSecuritySettings(Section):
+class ClientCredentials(Section):
+    """Who a network client is and how it checks the server: a user and its password (`password`, a
+    secret that printed settings show as `**********`, or `password_file`, read when connecting) and
+    PEM files for TLS (the CA that signed the server's certificate; a client certificate and key when
+    the server asks for one)."""
+
+    username: str | None = None
+    password: SecretStr | None = None
+    password_file: Path | None = None
+    ssl_ca_file: Path | None = None
+    ssl_cert_file: Path | None = None
+    ssl_key_file: Path | None = None
+
+    def secret(self) -> str | None:
+        """The password, from `password` or else `password_file`; None when neither is set."""
+        if self.password is not None:
+            return self.password.get_secret_value()
+        if self.password_file is not None:
+            return self.password_file.read_text().strip()
+        return None
+
+
+class KafkaSecuritySettings(ClientCredentials):
     """How every Kafka client authenticates and encrypts: the Python clients (librdkafka) and the
     feature job's Flink connector (Java), from one description. The password comes from `password` (a
     secret: printed settings show `**********`) or `password_file`, read when a client is configured.
@@ -78,12 +100,6 @@ class KafkaSecuritySettings(Section):
 
     protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
-    username: str | None = None
-    password: SecretStr | None = None
-    password_file: Path | None = None
-    ssl_ca_file: Path | None = None
-    ssl_cert_file: Path | None = None
-    ssl_key_file: Path | None = None
     client_properties: dict[str, str] = Field(default_factory=dict)
     flink_properties: dict[str, str] = Field(default_factory=dict)
 
@@ -95,12 +111,13 @@ class KafkaSecuritySettings(Section):
     def tls(self) -> bool:
         return self.protocol.endswith("SSL")
 
-    def _password(self) -> str:
-        if self.password is not None:
-            return self.password.get_secret_value()
-        if self.password_file is not None:
-            return self.password_file.read_text().strip()
-        raise ValueError(f"kafka.security.protocol {self.protocol} needs kafka.security.password or password_file")
+    def _login(self) -> tuple[str, str]:
+        """(user, password) for SASL, or a ValueError naming the missing setting."""
+        secret = self.secret()
+        if not self.username or secret is None:
+            missing = "username" if not self.username else "password or password_file"
+            raise ValueError(f"kafka.security.protocol {self.protocol} needs kafka.security.{missing}")
+        return self.username, secret
 
     def librdkafka(self) -> dict[str, str]:
         """Properties for confluent-kafka's producers, consumers and admin clients.
@@ -116,10 +133,8 @@ class KafkaSecuritySettings(Section):
             return dict(self.client_properties)
         props = {"security.protocol": self.protocol}
         if self.sasl:
-            if not self.username:
-                raise ValueError(f"kafka.security.protocol {self.protocol} needs kafka.security.username")
-            props |= {"sasl.mechanism": self.sasl_mechanism, "sasl.username": self.username,
-                      "sasl.password": self._password()}
+            user, password = self._login()
+            props |= {"sasl.mechanism": self.sasl_mechanism, "sasl.username": user, "sasl.password": password}
         if self.tls:
             files = {"ssl.ca.location": self.ssl_ca_file, "ssl.certificate.location": self.ssl_cert_file,
                      "ssl.key.location": self.ssl_key_file}
@@ -141,13 +156,11 @@ class KafkaSecuritySettings(Section):
             return dict(self.flink_properties)
         props = {"security.protocol": self.protocol}
         if self.sasl:
-            if not self.username:
-                raise ValueError(f"kafka.security.protocol {self.protocol} needs kafka.security.username")
+            user, password = self._login()
             module = SHADED_KAFKA + ("common.security.plain.PlainLoginModule" if self.sasl_mechanism == "PLAIN"
                                      else "common.security.scram.ScramLoginModule")
             props |= {"sasl.mechanism": self.sasl_mechanism,
-                      "sasl.jaas.config": f'{module} required username="{_jaas(self.username)}" '
-                                          f'password="{_jaas(self._password())}";'}
+                      "sasl.jaas.config": f'{module} required username="{_jaas(user)}" password="{_jaas(password)}";'}
         if self.tls and self.ssl_ca_file is not None:
             props |= {"ssl.truststore.type": "PEM", "ssl.truststore.location": str(self.ssl_ca_file)}
         # A client certificate for the connector (one PEM file holding key and chain) goes in
@@ -173,7 +186,7 @@ class KafkaSettings(Section):
     consumer_poll_batch: int = 5000
 
 
-class RedisSettings(Section):
+class RedisSettings(ClientCredentials):
     """Where the online features and the model pointer live. A secured Redis: an ACL user and its
     password (or `password_file`, read when connecting), and TLS with a `rediss://` URL, the CA that
     signed the server's certificate and, if the server asks for one, a client certificate and key.
@@ -182,12 +195,6 @@ class RedisSettings(Section):
     url: str = "redis://127.0.0.1:16379/0"
     key_prefix: str = "rtrec"
     ttl_s: int = 86_400
-    username: str | None = None
-    password: SecretStr | None = None
-    password_file: Path | None = None
-    ssl_ca_file: Path | None = None
-    ssl_cert_file: Path | None = None
-    ssl_key_file: Path | None = None
 
     def connection_kwargs(self) -> dict[str, Any]:
         """The keyword arguments `redis.Redis.from_url(url, **kwargs)` needs beyond the URL.
@@ -202,10 +209,9 @@ class RedisSettings(Section):
         kwargs: dict[str, Any] = {}
         if self.username:
             kwargs["username"] = self.username
-        if self.password is not None:
-            kwargs["password"] = self.password.get_secret_value()
-        elif self.password_file is not None:
-            kwargs["password"] = self.password_file.read_text().strip()
+        secret = self.secret()
+        if secret is not None:
+            kwargs["password"] = secret
         tls = {"ssl_ca_certs": self.ssl_ca_file, "ssl_certfile": self.ssl_cert_file, "ssl_keyfile": self.ssl_key_file}
         tls = {k: str(v) for k, v in tls.items() if v is not None}
         if tls and not self.url.startswith("rediss://"):
