@@ -10,6 +10,7 @@ import json
 import re
 import signal
 import subprocess
+import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -52,10 +53,17 @@ def test_a_full_checkpoint_disk_is_reported_given_up_on_and_resumed_without_loss
     job = rtrec_process(s, log, "features", "run", "--no-loader")
     try:
         wait_for(s, s.kafka.topics.features, "FeatureRecord", lambda got: len(got.records) > 20, timeout_s=120)
-        status = CliRunner().invoke(cli, ["features", "status"], env=env_of(s))
-        assert status.exit_code == 0, status.output
-        report = json.loads(status.output)
-        assert report["job"]["state"] == "RUNNING" and report["job"]["restarts"] == 0, report
+        # Flink's REST API caches checkpoint statistics for a few seconds: the first completed
+        # checkpoint (the records above are its committed output) may not be listed yet.
+        deadline = time.monotonic() + 30
+        while True:
+            status = CliRunner().invoke(cli, ["features", "status"], env=env_of(s))
+            assert status.exit_code == 0, status.output
+            report = json.loads(status.output)
+            assert report["job"]["state"] == "RUNNING" and report["job"]["restarts"] == 0, report
+            if report["job"]["last_checkpoint_id"] is not None or time.monotonic() > deadline:
+                break
+            time.sleep(1)
         assert report["job"]["last_checkpoint_id"] is not None, report
         produce(s, [event("poison", "impression", "u1", "i1", 59_900, dwell=-5)])
         port = s.flink.job_metrics_port
