@@ -33,6 +33,18 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class LocalSecuritySettings(Section):
+    """`rtrec services up --secure`: Kafka with a SASL_SSL listener only (SCRAM users, the
+    StandardAuthorizer, ACLs for `user` on the pipeline's topics, groups and transactional ids,
+    named by the prefixes below) and Redis on TLS only with an ACL user confined to its keys."""
+
+    enabled: bool = False
+    user: str = "rtrec"
+    topic_prefix: str = "rtrec."
+    id_prefix: str = "rtrec-"  # consumer groups and transactional ids
+    redis_key_prefix: str = "rtrec:"
+
+
 class ServicesSettings(Section):
     """Local Kafka and Redis processes started by `rtrec services up`."""
 
@@ -47,6 +59,7 @@ class ServicesSettings(Section):
     stop_timeout_s: float = 20.0
     # Where every Prometheus endpoint (trainer, loader, job) listens; 0.0.0.0 inside a container.
     metrics_host: str = "127.0.0.1"
+    secure: LocalSecuritySettings = LocalSecuritySettings()
 
     @property
     def jar_cache_dir(self) -> Path:
@@ -96,12 +109,38 @@ class KafkaSecuritySettings(ClientCredentials):
     """How every Kafka client authenticates and encrypts: the Python clients (librdkafka) and the
     feature job's Flink connector (Java), from one description. The password comes from `password` (a
     secret: printed settings show `**********`) or `password_file`, read when a client is configured.
+    OAUTHBEARER is OIDC's client-credentials grant: `username` is the client id, the password its
+    secret, `oauth_token_endpoint_url` where tokens come from (and `oauth_scope`, if the provider wants
+    one); both clients fetch and refresh tokens themselves.
     `client_properties` / `flink_properties`: anything else, in each client's own names."""
 
     protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] = "SCRAM-SHA-512"
+    oauth_token_endpoint_url: str | None = None
+    oauth_scope: str | None = None
     client_properties: dict[str, str] = Field(default_factory=dict)
     flink_properties: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def oauth(self) -> bool:
+        return self.sasl and self.sasl_mechanism == "OAUTHBEARER"
+
+    def oauth_endpoint(self) -> str:
+        if not self.oauth_token_endpoint_url:
+            raise ValueError("kafka.security.sasl_mechanism OAUTHBEARER needs kafka.security.oauth_token_endpoint_url")
+        return self.oauth_token_endpoint_url
+
+    def jvm_system_properties(self) -> dict[str, str]:
+        """What the JVM running the connector must allow: Kafka 4 clients fetch tokens only from URLs in
+        a system property, and the connector reads it under its shaded name.
+
+        >>> KafkaSecuritySettings(protocol="SASL_SSL", sasl_mechanism="OAUTHBEARER",
+        ...                       oauth_token_endpoint_url="https://idp/token").jvm_system_properties()
+        {'org.apache.flink.kafka.shaded.org.apache.kafka.sasl.oauthbearer.allowed.urls': 'https://idp/token'}
+        """
+        if not self.oauth:
+            return {}
+        return {SHADED_KAFKA + "sasl.oauthbearer.allowed.urls": self.oauth_endpoint()}
 
     @property
     def sasl(self) -> bool:
@@ -132,7 +171,14 @@ class KafkaSecuritySettings(ClientCredentials):
         if self.protocol == "PLAINTEXT":
             return dict(self.client_properties)
         props = {"security.protocol": self.protocol}
-        if self.sasl:
+        if self.oauth:
+            client_id, secret = self._login()
+            props |= {"sasl.mechanism": "OAUTHBEARER", "sasl.oauthbearer.method": "oidc",
+                      "sasl.oauthbearer.client.id": client_id, "sasl.oauthbearer.client.secret": secret,
+                      "sasl.oauthbearer.token.endpoint.url": self.oauth_endpoint()}
+            if self.oauth_scope:
+                props["sasl.oauthbearer.scope"] = self.oauth_scope
+        elif self.sasl:
             user, password = self._login()
             props |= {"sasl.mechanism": self.sasl_mechanism, "sasl.username": user, "sasl.password": password}
         if self.tls:
@@ -155,7 +201,17 @@ class KafkaSecuritySettings(ClientCredentials):
         if self.protocol == "PLAINTEXT":
             return dict(self.flink_properties)
         props = {"security.protocol": self.protocol}
-        if self.sasl:
+        if self.oauth:
+            client_id, secret = self._login()
+            scope = f' scope="{_jaas(self.oauth_scope)}"' if self.oauth_scope else ""
+            props |= {"sasl.mechanism": "OAUTHBEARER",
+                      "sasl.login.callback.handler.class":
+                          SHADED_KAFKA + "common.security.oauthbearer.OAuthBearerLoginCallbackHandler",
+                      "sasl.oauthbearer.token.endpoint.url": self.oauth_endpoint(),
+                      "sasl.jaas.config": f"{SHADED_KAFKA}common.security.oauthbearer.OAuthBearerLoginModule "
+                                          f'required clientId="{_jaas(client_id)}" clientSecret="{_jaas(secret)}"'
+                                          f"{scope};"}
+        elif self.sasl:
             user, password = self._login()
             module = SHADED_KAFKA + ("common.security.plain.PlainLoginModule" if self.sasl_mechanism == "PLAIN"
                                      else "common.security.scram.ScramLoginModule")

@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from core.settings import KafkaSettings
+
 # Metric ids of the job's operators (the number in brackets is the planner's and may change)
 _EVENTS_IN = re.compile(r"^Source__events_raw\[\d+\]\.numRecordsOut$")
 _FEATURES_OUT = re.compile(r"^features_sink\[\d+\]__Writer\.numRecordsSend$")
@@ -50,6 +52,35 @@ def reason_kind(reason: str) -> str:
     if reason.startswith(("event_time ", "dwell_ms ", "position ")):
         return "out_of_range"
     return "other"
+
+
+_NOT_AUTHORIZED = re.compile(r"Not authorized to access (topics|group): \[?([^\]\s]+)")
+
+
+def missing_acl(cause: str, kafka: KafkaSettings) -> str | None:
+    """What a Kafka authorization failure in `cause` means for this job: which ACL its user lacks.
+
+    >>> k = KafkaSettings(security={"protocol": "SASL_SSL", "username": "job"})
+    >>> missing_acl("org.apache.kafka.common.errors.TopicAuthorizationException: Not authorized to access "
+    ...             "topics: [rtrec.features]", k)
+    'Kafka user job lacks the WRITE ACL on topic rtrec.features (the job writes it)'
+    >>> missing_acl("...GroupAuthorizationException: Not authorized to access group: rtrec-features", k)
+    'Kafka user job lacks the READ ACL on group rtrec-features (the job reads the events topic as it)'
+    """
+    user = kafka.security.username or "ANONYMOUS"
+    if "TransactionalIdAuthorizationException" in cause or "Transactional Id authorization failed" in cause:
+        return (f"Kafka user {user} lacks the WRITE ACL on the transactional ids of the job's exactly-once sinks "
+                "(prefix rtrec-)")
+    found = _NOT_AUTHORIZED.search(cause)
+    if found is None:
+        return None
+    kind, name = found.groups()
+    if kind == "group":
+        return f"Kafka user {user} lacks the READ ACL on group {name} (the job reads the events topic as it)"
+    t = kafka.topics
+    if name in (t.features, t.samples, t.dead_letter):
+        return f"Kafka user {user} lacks the WRITE ACL on topic {name} (the job writes it)"
+    return f"Kafka user {user} lacks the READ and DESCRIBE ACLs on topic {name} (the job reads it)"
 
 
 def root_cause(stacktrace: str) -> str:

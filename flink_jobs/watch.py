@@ -10,7 +10,7 @@ from typing import Any
 
 from core.kafka import group_lag
 from core.settings import Settings
-from flink_jobs.monitor import FlinkRest, JobHealth, directory_problem, root_cause
+from flink_jobs.monitor import FlinkRest, JobHealth, directory_problem, missing_acl, root_cause
 from flink_jobs.telemetry import DeadLetterTally, JobMetrics
 
 _REST_ERRORS = (OSError, urllib.error.URLError, KeyError, ValueError)
@@ -91,7 +91,8 @@ class JobWatch:
             cause += "".join(f" ({text})" for text in (
                 f"the last failed checkpoint: {failure}" if failure else "",
                 f"checkpoint directory {self._dir_problem}" if self._dir_problem else "") if text)
-        return cause
+        acl = missing_acl(cause, self.settings.kafka)
+        return f"{cause} ({acl})" if acl else cause
 
     def final_cause(self) -> str:
         """Why the job ended: the innermost cause of its execution result, and what was seen before."""
@@ -103,6 +104,9 @@ class JobWatch:
         seen = self.cause_seen()
         if seen and (ended in seen or "checkpoint" in ended.lower()):
             ended = seen
+        acl = missing_acl(ended, self.settings.kafka)
+        if acl and acl not in ended:
+            ended += f" ({acl})"
         return f"{ended} ({self.restarts} restarts before)" if self.restarts else ended
 
     def close(self) -> None:

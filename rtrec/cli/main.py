@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 import redis
+from confluent_kafka import KafkaError, KafkaException
 
 from core.kafka import KafkaAuthenticationError
 from core.settings import Settings, load_settings
@@ -20,10 +21,13 @@ from rtrec.cli.services import services_group
 from rtrec.cli.topics import consume_command
 from rtrec.cli.train import train_group
 
+_NOT_AUTHORIZED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
+                   KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED)
+
 
 class RtrecGroup(click.Group):
-    """Turns a refused Kafka or Redis login into one line naming the server and the user (never the
-    password), and a non-zero exit."""
+    """Turns a refused Kafka or Redis login, or an operation Kafka's ACLs do not allow, into one line
+    naming the server and the user (never the password), and a non-zero exit."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -35,6 +39,16 @@ class RtrecGroup(click.Group):
                 f"Kafka at {k.bootstrap_servers} refused user {k.security.username or '(none)'} "
                 f"({k.security.protocol} {k.security.sasl_mechanism}): {exc.args[0].str()} "
                 "(check kafka.security.username and password / password_file)") from exc
+        except KafkaException as exc:
+            refused = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if refused is None or refused.code() not in _NOT_AUTHORIZED:
+                raise
+            settings = ctx.obj if isinstance(ctx.obj, Settings) else load_settings()
+            k = settings.kafka
+            raise click.ClickException(
+                f"Kafka at {k.bootstrap_servers} did not authorize user {k.security.username or 'ANONYMOUS'}: "
+                f"{refused.str()} (an ACL is missing; `rtrec services acls --dry-run` lists those the pipeline "
+                "needs)") from exc
         except redis.AuthenticationError as exc:
             settings = ctx.obj if isinstance(ctx.obj, Settings) else load_settings()
             r = settings.redis

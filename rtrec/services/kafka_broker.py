@@ -1,4 +1,5 @@
-"""A single-node Kafka 4 broker in KRaft mode (combined broker + controller) from Maven jars."""
+"""A single-node Kafka 4 broker in KRaft mode (combined broker + controller) from Maven jars; secured
+(`services.secure.enabled`), its only client listener is SASL_SSL with SCRAM users and ACLs."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import shutil
 import subprocess
 import uuid
 from pathlib import Path
+from typing import Any
 
 from core.maven import MavenError, classpath, resolve_jars
-from core.settings import ServicesSettings
+from core.settings import KafkaSecuritySettings, ServicesSettings
+from rtrec.services.credentials import PRIVATE, LocalCredentials
 from rtrec.services.process import (
     ServiceError,
     read_pid,
@@ -57,6 +60,47 @@ def server_properties(host: str, port: int, controller_port: int, data_dir: Path
     ])
 
 
+ADMIN = "admin"
+_SCRAM = "org.apache.kafka.common.security.scram.ScramLoginModule"
+_PLAIN = "org.apache.kafka.common.security.plain.PlainLoginModule"
+
+
+def secured_properties(plain: str, host: str, port: int, controller_port: int, credentials: LocalCredentials) -> str:
+    """`plain` (server_properties) turned into a secured broker: clients reach only a SASL_SSL listener
+    (SCRAM-SHA-512, the users written at format time), the controller listener asks for the admin's
+    PLAIN login, and the StandardAuthorizer allows nothing that no ACL grants (the admin is the
+    super user). The admin's password is in this file: it is written mode 600."""
+    admin_pw = credentials.password("kafka-admin")
+    replaced = {
+        "listeners": f"SASL_SSL://{host}:{port},CONTROLLER://{host}:{controller_port}",
+        "advertised.listeners": f"SASL_SSL://{host}:{port}",
+        "listener.security.protocol.map": "CONTROLLER:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
+        "inter.broker.listener.name": "SASL_SSL",
+    }
+    lines = [f"{key}={replaced[key]}" if key in replaced else line
+             for line in plain.splitlines() for key in [line.split("=", 1)[0]]]
+    lines += [
+        "sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512",
+        "sasl.mechanism.controller.protocol=PLAIN",
+        "listener.name.controller.sasl.enabled.mechanisms=PLAIN",
+        f'listener.name.controller.plain.sasl.jaas.config={_PLAIN} required username="{ADMIN}" '
+        f'password="{admin_pw}" user_{ADMIN}="{admin_pw}";',
+        "listener.name.sasl_ssl.sasl.enabled.mechanisms=SCRAM-SHA-512",
+        f'listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config={_SCRAM} required username="{ADMIN}" '
+        f'password="{admin_pw}";',
+        "ssl.keystore.type=PEM", f"ssl.keystore.location={credentials.server_keystore}",
+        "ssl.truststore.type=PEM", f"ssl.truststore.location={credentials.ca}",
+        "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        f"super.users=User:{ADMIN}", "allow.everyone.if.no.acl.found=false", "",
+    ]
+    return "\n".join(lines)
+
+
+def admin_security(credentials: LocalCredentials) -> KafkaSecuritySettings:
+    return KafkaSecuritySettings(protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", username=ADMIN,
+                                 password_file=credentials.password_file("kafka-admin"), ssl_ca_file=credentials.ca)
+
+
 LOG4J2 = """\
 status = warn
 appender.file.type = File
@@ -78,7 +122,10 @@ logger.org.level = warn
 class KafkaBroker:
     def __init__(self, cfg: ServicesSettings) -> None:
         self.cfg = cfg
-        self.home = cfg.state_dir / NAME
+        self.secure = cfg.secure.enabled
+        self.credentials = LocalCredentials.of(cfg)
+        # a secured broker's storage holds its users: it is not the plain one's
+        self.home = cfg.state_dir / (f"{NAME}-secure" if self.secure else NAME)
         self.data_dir = self.home / "data"
         self.pid_file = self.home / "kafka.pid"
         self.log_file = self.home / "kafka.log"
@@ -87,11 +134,15 @@ class KafkaBroker:
     def pid(self) -> int | None:
         return read_pid(self.pid_file)
 
+    def admin_config(self) -> dict[str, str]:
+        """The librdkafka settings of the broker's admin (empty for a plain broker)."""
+        return admin_security(self.credentials).librdkafka() if self.secure else {}
+
     def healthy(self, timeout_s: float = 2.0) -> bool:
         from confluent_kafka.admin import AdminClient
 
         admin = AdminClient({"bootstrap.servers": self.bootstrap, "socket.connection.setup.timeout.ms": 1000,
-                             "log_level": 0})
+                             "log_level": 0, **self.admin_config()})
         try:
             meta = admin.list_topics(timeout=timeout_s)
         except Exception:
@@ -120,8 +171,14 @@ class KafkaBroker:
             raise ServiceError(str(exc)) from exc
         self.home.mkdir(parents=True, exist_ok=True)
         props = self.home / "server.properties"
-        props.write_text(server_properties(self.cfg.host, self.cfg.kafka_port, self.cfg.kafka_controller_port,
-                                           self.data_dir))
+        text = server_properties(self.cfg.host, self.cfg.kafka_port, self.cfg.kafka_controller_port, self.data_dir)
+        if self.secure:
+            self.credentials.ensure(self.cfg)
+            text = secured_properties(text, self.cfg.host, self.cfg.kafka_port, self.cfg.kafka_controller_port,
+                                      self.credentials)
+        props.touch(PRIVATE)
+        props.chmod(PRIVATE)
+        props.write_text(text)
         log4j = self.home / "log4j2.properties"
         log4j.write_text(LOG4J2)
         jvm = [java, f"-Xmx{self.cfg.kafka_heap}", f"-Xms{self.cfg.kafka_heap}", "-XX:+UseG1GC",
@@ -131,12 +188,26 @@ class KafkaBroker:
             self._format(jvm, props)
         pid = start_detached([*jvm, "kafka.Kafka", str(props)], self.home / "kafka.stdout", self.pid_file, self.home)
         wait_healthy(NAME, pid, self.healthy, self.cfg.start_timeout_s, self.log_file)
+        if self.secure:
+            grant_pipeline_acls(self.bootstrap, self.admin_config(), self.cfg)
+            return (f"started pid {pid} on {self.bootstrap} (SASL_SSL, SCRAM-SHA-512; ACLs for "
+                    f"User:{self.cfg.secure.user})")
         return f"started pid {pid} on {self.bootstrap}"
 
     def _format(self, jvm: list[str], props: Path) -> None:
-        cluster_id = random_cluster_id()
-        result = subprocess.run([*jvm, "kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id,
-                                 "-c", str(props)], capture_output=True, text=True)
+        args = ["kafka.tools.StorageTool", "format", "--standalone", "-t", random_cluster_id(), "-c", str(props)]
+        if self.secure:
+            for user, who in ((ADMIN, "kafka-admin"), (self.cfg.secure.user, "kafka-user")):
+                args += ["--add-scram", f"SCRAM-SHA-512=[name={user},password={self.credentials.password(who)}]"]
+        # The arguments go through a java @argfile (mode 600, removed after) so that no password is on
+        # a command line that `ps` shows.
+        argfile = self.home / "format.args"
+        argfile.touch(PRIVATE)
+        argfile.write_text("\n".join(args) + "\n")
+        try:
+            result = subprocess.run([*jvm, f"@{argfile}"], capture_output=True, text=True)
+        finally:
+            argfile.unlink(missing_ok=True)
         if result.returncode != 0:
             raise ServiceError(
                 f"formatting the KRaft storage in {self.data_dir} failed:\n{result.stdout}{result.stderr}"
@@ -154,7 +225,8 @@ class KafkaBroker:
         pid = self.pid()
         if pid is None:
             return "stopped"
-        return f"running pid {pid} on {self.bootstrap}" + ("" if self.healthy() else " (not answering)")
+        return (f"running pid {pid} on {self.bootstrap}" + (" (SASL_SSL)" if self.secure else "")
+                + ("" if self.healthy() else " (not answering)"))
 
 
 def random_cluster_id() -> str:
@@ -169,3 +241,32 @@ def random_cluster_id() -> str:
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         if not cluster_id.startswith("-"):
             return cluster_id
+
+
+def pipeline_acls(cfg: ServicesSettings) -> list[Any]:
+    """What the pipeline's user may do: read, write, create, delete and describe the topics named with
+    the topic prefix; use the consumer groups and transactional ids named with the id prefix."""
+    from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+
+    sec = cfg.secure
+    principal = f"User:{sec.user}"
+    grants = [(ResourceType.TOPIC, sec.topic_prefix, op) for op in (
+        AclOperation.READ, AclOperation.WRITE, AclOperation.CREATE, AclOperation.DELETE, AclOperation.DESCRIBE,
+        AclOperation.DESCRIBE_CONFIGS)]
+    grants += [(ResourceType.GROUP, sec.id_prefix, op) for op in (
+        AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE)]
+    grants += [(ResourceType.TRANSACTIONAL_ID, sec.id_prefix, op) for op in (AclOperation.WRITE, AclOperation.DESCRIBE)]
+    return [AclBinding(kind, name, ResourcePatternType.PREFIXED, principal, "*", op, AclPermissionType.ALLOW)
+            for kind, name, op in grants]
+
+
+def grant_pipeline_acls(bootstrap: str, admin_config: dict[str, str], cfg: ServicesSettings) -> None:
+    """Creates the pipeline's ACLs (creating one that exists changes nothing)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, **admin_config})
+    for binding, future in admin.create_acls(pipeline_acls(cfg), request_timeout=30).items():
+        try:
+            future.result()
+        except Exception as exc:
+            raise ServiceError(f"creating the ACL {binding} failed: {exc}") from exc

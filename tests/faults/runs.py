@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 
 from core.log_range import LogRange
 from core.settings import Settings
@@ -73,7 +73,7 @@ def env_of(s: Settings) -> dict[str, str]:
                 if value is None:
                     raise ValueError(f"{prefix}{name.upper()}: None cannot be set from the environment")
                 text = value if isinstance(value, str) else str(value) if isinstance(value, int | float | Path) \
-                    else json.dumps(value)
+                    else value.get_secret_value() if isinstance(value, SecretStr) else json.dumps(value)
                 yield f"{prefix}{name.upper()}", text
 
     return dict(walk(s, Settings(), "RTREC_"))

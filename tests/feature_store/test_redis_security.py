@@ -20,9 +20,9 @@ from core.settings import RedisSettings, Settings, TrainerSettings
 from feature_store.redis_store import RedisFeatureStore
 from gpu_trainer.model_registry import ModelRegistry
 from rtrec.cli.main import cli
+from rtrec.services.credentials import make_certs
 from tests.feature_store.test_redis_store import record
 from tests.infra import free_port
-from tests.tls import make_certs
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("redis-server") is None or shutil.which("openssl") is None,

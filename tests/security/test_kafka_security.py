@@ -6,7 +6,6 @@ a client without TLS are refused; the password appears in no log or output."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,13 +16,12 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from core.kafka import group_lag
-from core.maven import classpath, resolve_jars
-from core.settings import KafkaSecuritySettings, Settings, load_settings
-from rtrec.services.kafka_broker import LOG4J2, random_cluster_id
+from core.settings import KafkaSecuritySettings, Settings
+from rtrec.services.credentials import make_certs
 from schemas.kafka_io import ConsumedBatch, read_topic
 from tests.flink_jobs.harness import create_topics, event, job_settings, produce, running_job, wait_for
 from tests.infra import free_port
-from tests.tls import make_certs
+from tests.security.brokers import broker_properties, running_broker
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("java") is None or shutil.which("openssl") is None,
@@ -46,23 +44,9 @@ class SecuredKafka:
         return KafkaSecuritySettings(**(fields | change))
 
 
-def broker_properties(port: int, internal: int, controller: int, certs: Path, data: Path) -> str:
-    return "\n".join([
-        "process.roles=broker,controller", "node.id=1",
-        f"controller.quorum.bootstrap.servers=127.0.0.1:{controller}",
-        # clients: SASL_SSL only; the broker's own traffic stays on loopback listeners of its own
-        f"listeners=SASL_SSL://127.0.0.1:{port},INTERNAL://127.0.0.1:{internal},CONTROLLER://127.0.0.1:{controller}",
-        f"advertised.listeners=SASL_SSL://127.0.0.1:{port},INTERNAL://127.0.0.1:{internal}",
-        "controller.listener.names=CONTROLLER", "inter.broker.listener.name=INTERNAL",
-        "listener.security.protocol.map=CONTROLLER:PLAINTEXT,INTERNAL:PLAINTEXT,SASL_SSL:SASL_SSL",
-        "sasl.enabled.mechanisms=SCRAM-SHA-512",
-        "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config="
-        "org.apache.kafka.common.security.scram.ScramLoginModule required;",
-        "ssl.keystore.type=PEM", f"ssl.keystore.location={certs / 'server-keystore.pem'}",
-        f"log.dirs={data}", "num.partitions=1", "offsets.topic.replication.factor=1",
-        "offsets.topic.num.partitions=2", "transaction.state.log.replication.factor=1",
-        "transaction.state.log.min.isr=1", "transaction.state.log.num.partitions=2",
-        "group.initial.rebalance.delay.ms=0", "transaction.max.timeout.ms=3600000", "", ])
+SCRAM_LINES = ["sasl.enabled.mechanisms=SCRAM-SHA-512",
+               "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config="
+               "org.apache.kafka.common.security.scram.ScramLoginModule required;"]
 
 
 @pytest.fixture(scope="module")
@@ -71,39 +55,14 @@ def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredK
     (home / "certs").mkdir()
     certs = make_certs(home / "certs")
     port, internal, controller = free_port(), free_port(), free_port()
-    props = home / "server.properties"
-    props.write_text(broker_properties(port, internal, controller, certs, home / "data"))
     (home / "password").write_text(PASSWORD)
-    (home / "log4j2.properties").write_text(LOG4J2)
-    log_file = home / "kafka.log"
-    jvm = ["java", "-Xmx512m", f"-Dlog4j2.configurationFile={home / 'log4j2.properties'}",
-           f"-Drtrec.kafka.log={log_file}",
-           "-cp", classpath(resolve_jars("kafka-pom.xml", load_settings().services.jar_cache_dir))]
+    server = SecuredKafka(f"127.0.0.1:{port}", certs, home / "password", home / "kafka.log")
+    properties = broker_properties(port, internal, controller, certs, home / "data", SCRAM_LINES)
     # The SCRAM credential is written into the metadata log when the storage is formatted.
-    subprocess.run([*jvm, "kafka.tools.StorageTool", "format", "--standalone", "-t", random_cluster_id(),
-                    "-c", str(props), "--add-scram", f"SCRAM-SHA-512=[name=rtrec,password={PASSWORD}]"],
-                   check=True, capture_output=True)
-    stdout = (home / "kafka.stdout").open("w")
-    proc = subprocess.Popen([*jvm, "kafka.Kafka", str(props)], stdout=stdout, stderr=subprocess.STDOUT)
-    server = SecuredKafka(f"127.0.0.1:{port}", certs, home / "password", log_file)
-    admin = AdminClient({"bootstrap.servers": server.bootstrap, **server.security().librdkafka()})
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            if admin.list_topics(timeout=5).brokers:
-                break
-        except KafkaException:
-            pass
-        if time.monotonic() > deadline or proc.poll() is not None:
-            proc.kill()
-            raise RuntimeError(f"the SASL_SSL broker did not start: {(home / 'kafka.stdout').read_text()[-2000:]}")
-        time.sleep(1)
-    try:
+    scram = ["--add-scram", f"SCRAM-SHA-512=[name=rtrec,password={PASSWORD}]"]
+    with running_broker(home, properties, {"bootstrap.servers": server.bootstrap, **server.security().librdkafka()},
+                        format_args=scram):
         yield server
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        stdout.close()
 
 
 def secured_settings(settings: Settings, server: SecuredKafka, tmp_path: Path) -> Settings:
