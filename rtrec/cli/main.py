@@ -32,29 +32,28 @@ class RtrecGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except KafkaAuthenticationError as exc:
-            settings = ctx.obj if isinstance(ctx.obj, Settings) else load_settings()
-            k = settings.kafka
-            raise click.ClickException(
-                f"Kafka at {k.bootstrap_servers} refused user {k.security.username or '(none)'} "
-                f"({k.security.protocol} {k.security.sasl_mechanism}): {exc.args[0].str()} "
-                "(check kafka.security.username and password / password_file)") from exc
-        except KafkaException as exc:
-            refused = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-            if refused is None or refused.code() not in _NOT_AUTHORIZED:
+        except (KafkaException, redis.AuthenticationError) as exc:
+            said = refusal(ctx.obj if isinstance(ctx.obj, Settings) else load_settings(), exc)
+            if said is None:
                 raise
-            settings = ctx.obj if isinstance(ctx.obj, Settings) else load_settings()
-            k = settings.kafka
-            raise click.ClickException(
-                f"Kafka at {k.bootstrap_servers} did not authorize user {k.security.username or 'ANONYMOUS'}: "
-                f"{refused.str()} (an ACL is missing; `rtrec services acls --dry-run` lists those the pipeline "
-                "needs)") from exc
-        except redis.AuthenticationError as exc:
-            settings = ctx.obj if isinstance(ctx.obj, Settings) else load_settings()
-            r = settings.redis
-            raise click.ClickException(
-                f"Redis at {r.redacted_url()} refused user {r.username or 'default'}: {exc} "
-                "(check redis.username and redis.password / redis.password_file)") from exc
+            raise click.ClickException(said) from exc
+
+
+def refusal(settings: Settings, exc: Exception) -> str | None:
+    """One line for a refused login or an operation no ACL allows; None for any other error."""
+    k, r = settings.kafka, settings.redis
+    if isinstance(exc, redis.AuthenticationError):
+        return (f"Redis at {r.redacted_url()} refused user {r.username or 'default'}: {exc} "
+                "(check redis.username and redis.password / redis.password_file)")
+    if isinstance(exc, KafkaAuthenticationError):
+        return (f"Kafka at {k.bootstrap_servers} refused user {k.security.username or '(none)'} "
+                f"({k.security.protocol} {k.security.sasl_mechanism}): {exc.args[0].str()} "
+                "(check kafka.security.username and password / password_file)")
+    error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    if error is not None and error.code() in _NOT_AUTHORIZED:
+        return (f"Kafka at {k.bootstrap_servers} did not authorize user {k.security.username or 'ANONYMOUS'}: "
+                f"{error.str()} (an ACL is missing; `rtrec services acls --dry-run` lists those the pipeline needs)")
+    return None
 
 
 @click.group(cls=RtrecGroup)
