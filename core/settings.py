@@ -352,6 +352,12 @@ class FlinkSettings(Section):
     checkpoint_dir: Path = Field(default_factory=lambda: _default_cache_dir() / "flink-checkpoints")
     log_dir: Path = Field(default_factory=lambda: _default_cache_dir() / "flink-logs")
     prebuilt_jars_dir: Path | None = None  # jars baked into an image; None: resolve with Maven, build the UDFs
+    # A Flink 2.2 session cluster's REST endpoint, HOST:PORT, for `features submit/stop/rescale/status`;
+    # None: the local cluster of `features cluster up` (127.0.0.1:18081)
+    jobmanager: str | None = None
+    # Where `features stop/rescale` write savepoints: a URI every node of that cluster reaches (s3://...,
+    # a shared mount); None: <checkpoint_dir>/savepoints, right for a cluster on this machine
+    savepoint_dir: str | None = None
     loader_group_id: str = "rtrec-redis-loader"
     loader_batch: int = 20_000
     loader_outage_s: float = 300.0  # Redis or Kafka unreachable this long: the loader exits non-zero

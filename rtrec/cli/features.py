@@ -7,12 +7,17 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
 from core.settings import Settings
 from feature_store.redis_store import RedisFeatureStore
 from rtrec.cli.signals import graceful_stop
+
+_JOBMANAGER = click.option("--jobmanager", default=None, metavar="HOST:PORT",
+                           help="The session cluster's REST endpoint (default: flink.jobmanager, else the local "
+                                "cluster of `features cluster up`).")
 
 
 @click.group("features")
@@ -126,8 +131,10 @@ def get(settings: Settings, entity_type: str, ids: tuple[str, ...], names: str) 
 
 
 @features_group.command("status")
+@click.option("--jobmanager", default=None, metavar="HOST:PORT",
+              help="Also report the feature job on this session cluster (default: flink.jobmanager, if set).")
 @click.pass_obj
-def status(settings: Settings) -> None:
+def status(settings: Settings, jobmanager: str | None) -> None:
     """The feature job's health (state, restarts and the last failure's cause, last checkpoint, records in
     and out: from the `features run` process of these settings), how far behind the job and the loader
     are (records not yet consumed by their groups) and the newest retained checkpoint, as JSON."""
@@ -147,7 +154,22 @@ def status(settings: Settings) -> None:
     }
     for part in ("job", "loader"):
         report[part]["total_lag"] = sum(report[part]["lag"].values())  # type: ignore[index]
+    if jobmanager or f.jobmanager:
+        report["cluster"] = _cluster_report(settings, jobmanager)
     click.echo(json.dumps(report, indent=2))
+
+
+def _cluster_report(settings: Settings, jobmanager: str | None) -> dict[str, Any]:
+    from flink_jobs.monitor import FlinkRest
+    from flink_jobs.session_cluster import SessionCluster, SessionClusterError
+
+    cluster = SessionCluster(jobmanager or settings.flink.jobmanager or "")
+    try:
+        jobs = {job_id: {**FlinkRest(cluster.url).health(job_id).as_dict(), "parallelism": cluster.parallelism(job_id)}
+                for job_id in cluster.running_jobs()}
+    except (SessionClusterError, OSError, KeyError, ValueError) as exc:
+        return {"url": cluster.url, "error": str(exc)}
+    return {"url": cluster.url, "jobs": jobs}
 
 
 def _age_s(path: Path) -> float | None:
@@ -190,30 +212,92 @@ def cluster_status(settings: Settings) -> None:
     click.echo(FlinkCluster(settings.services).status())
 
 
+def _session_cluster(settings: Settings, jobmanager: str | None) -> Any:
+    """The session cluster named by --jobmanager, else flink.jobmanager, else the local one."""
+    from flink_jobs.session_cluster import SessionCluster, SessionClusterError
+    from rtrec.services.flink_cluster import FlinkCluster
+
+    address = jobmanager or settings.flink.jobmanager or FlinkCluster(settings.services).rest_url
+    cluster = SessionCluster(address)
+    try:
+        cluster.overview()
+    except SessionClusterError as exc:
+        hint = "" if jobmanager or settings.flink.jobmanager else "; run `rtrec features cluster up` first"
+        raise click.ClickException(f"{exc}{hint}") from exc
+    return cluster
+
+
+def _job_args(no_samples: bool) -> list[str]:
+    args = ["--no-samples"] if no_samples else []
+    config = click.get_current_context().find_root().params.get("config_file")
+    return args + (["--config", str(config)] if config else [])
+
+
+def _savepoint_dir(settings: Settings) -> str:
+    f = settings.flink
+    return f.savepoint_dir or (f.checkpoint_dir / "savepoints").resolve().as_uri()
+
+
 @features_group.command("submit")
+@_JOBMANAGER
+@click.option("--parallelism", type=int, default=None, help="The job's parallelism (default: the cluster's).")
+@click.option("--from-savepoint", "savepoint", default=None, help="Start from this savepoint or checkpoint.")
 @click.option("--no-samples", is_flag=True)
 @click.pass_obj
-def submit(settings: Settings, no_samples: bool) -> None:
-    """Submit the same job file to the standalone cluster (`rtrec features cluster up` first).
+def submit(settings: Settings, jobmanager: str | None, parallelism: int | None, savepoint: str | None,
+           no_samples: bool) -> None:
+    """Submit the job to a Flink 2.2 session cluster: its graph is built here and its jars go with it; the
+    cluster needs no Python (every operator runs in the JVM). The job reads its settings from the same
+    RTREC_* env vars and --config file as this command."""
+    from flink_jobs.session_cluster import SessionClusterError
 
-    The job reads its settings from the same RTREC_* env vars and --config file as this command.
-    """
-    from rtrec.services.flink_cluster import FlinkCluster
-    from rtrec.services.process import ServiceError
-
-    cluster = FlinkCluster(settings.services)
-    if not cluster.healthy():
-        raise click.ClickException("no Flink cluster answers on :18081; run `rtrec features cluster up` first")
-    job_file = Path(__file__).resolve().parents[2] / "flink_jobs" / "submit.py"
-    ctx = click.get_current_context()
-    args = ["--no-samples"] if no_samples else []
-    config = ctx.find_root().params.get("config_file")
-    if config:
-        args += ["--config", str(config)]
+    cluster = _session_cluster(settings, jobmanager)
+    if cluster.running_jobs():
+        raise click.ClickException(f"{cluster.url} already runs the feature job {cluster.running_jobs()[0]}; "
+                                   "`rtrec features stop` or `rescale` it")
     try:
-        click.echo(f"submitted job {cluster.submit(job_file, args)} to {cluster.rest_url}")
-    except ServiceError as exc:
+        job_id = cluster.submit(_job_args(no_samples), {}, parallelism=parallelism, savepoint=savepoint)
+    except SessionClusterError as exc:
         raise click.ClickException(str(exc)) from exc
+    click.echo(f"submitted job {job_id} to {cluster.url}")
+
+
+@features_group.command("stop")
+@_JOBMANAGER
+@click.pass_obj
+def stop(settings: Settings, jobmanager: str | None) -> None:
+    """Stop the job on the session cluster with a savepoint (flink.savepoint_dir) and print where it is:
+    `submit --from-savepoint` resumes from it with nothing lost or counted twice."""
+    from flink_jobs.session_cluster import SessionClusterError
+
+    cluster = _session_cluster(settings, jobmanager)
+    try:
+        job_id = cluster.the_job()
+        location = cluster.stop_with_savepoint(job_id, _savepoint_dir(settings))
+    except SessionClusterError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"stopped job {job_id} with savepoint {location}")
+
+
+@features_group.command("rescale")
+@click.argument("parallelism", type=click.IntRange(1))
+@_JOBMANAGER
+@click.option("--no-samples", is_flag=True, help="As the running job was submitted.")
+@click.pass_obj
+def rescale(settings: Settings, parallelism: int, jobmanager: str | None, no_samples: bool) -> None:
+    """Stop the job with a savepoint and resubmit it from that savepoint at PARALLELISM."""
+    from flink_jobs.session_cluster import SessionClusterError
+
+    cluster = _session_cluster(settings, jobmanager)
+    try:
+        job_id = cluster.the_job()
+        before = cluster.parallelism(job_id)
+        location = cluster.stop_with_savepoint(job_id, _savepoint_dir(settings))
+        click.echo(f"stopped job {job_id} (parallelism {before}) with savepoint {location}")
+        new_id = cluster.submit(_job_args(no_samples), {}, parallelism=parallelism, savepoint=location)
+    except SessionClusterError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"resubmitted as job {new_id} at parallelism {parallelism} from {location}")
 
 
 @features_group.command("backfill")

@@ -12,15 +12,11 @@ import urllib.request
 from pathlib import Path
 
 from core.settings import ServicesSettings
+from flink_jobs.session_cluster import SessionCluster, SessionClusterError, flink_home
 from rtrec.services.process import ServiceError, log_tail, require_free_port
 
 NAME = "flink"
 
-
-def flink_home() -> Path:
-    import pyflink
-
-    return Path(pyflink.__file__).parent
 
 
 def default_java_opts() -> str:
@@ -115,17 +111,14 @@ class FlinkCluster:
         return (f"running on {self.rest_url}: {info.get('taskmanagers')} taskmanager(s), "
                 f"{info.get('jobs-running')} job(s)")
 
-    def submit(self, job_file: Path, args: list[str], env: dict[str, str] | None = None) -> str:
-        """`flink run -py` in detached mode; returns the job id."""
-        flink = flink_home() / "bin" / "flink"
-        cmd = ["bash", str(flink), "run", "-m", f"{self.cfg.host}:{self.rest_port}", "--detached",
-               "-pyclientexec", sys.executable, "-pyexec", sys.executable, "-py", str(job_file), *args]
-        result = subprocess.run(cmd, env={**self.env(), **(env or {})}, capture_output=True, text=True)
-        for line in result.stdout.splitlines():
-            if "JobID" in line:
-                return line.split()[-1]
-        raise ServiceError(f"flink run failed ({result.returncode}):\n{result.stdout[-4000:]}{result.stderr[-4000:]}")
+    def submit(self, args: list[str], env: dict[str, str] | None = None, parallelism: int | None = None) -> str:
+        """The feature job (flink_jobs/submit.py ARGS), detached; returns the job id."""
+        try:
+            # this cluster's own config.yaml for the client: the python of its workers
+            return SessionCluster(self.rest_url).submit(args, {"FLINK_CONF_DIR": str(self.conf_dir), **(env or {})},
+                                                        parallelism=parallelism)
+        except SessionClusterError as exc:
+            raise ServiceError(str(exc)) from exc
 
     def cancel(self, job_id: str) -> None:
-        request = urllib.request.Request(f"{self.rest_url}/jobs/{job_id}?mode=cancel", method="PATCH")
-        urllib.request.urlopen(request, timeout=10).close()
+        SessionCluster(self.rest_url).cancel(job_id)

@@ -55,7 +55,7 @@ def test_cluster_submission_matches_embedded(settings: Settings, tmp_path: Path)
                "RTREC_FLINK__CHECKPOINT_INTERVAL_MS": "1000",
                "RTREC_FLINK__GROUP_ID": f"cluster-{uuid.uuid4().hex[:6]}",
                "RTREC_FLINK__CHECKPOINT_DIR": str(tmp_path / "cluster-checkpoints")}
-        job_id = cluster.submit(ROOT / "flink_jobs" / "submit.py", ["--no-samples"], env=env)
+        job_id = cluster.submit(["--no-samples"], env=env)
         remote = wait_for(c, c.kafka.topics.features, "FeatureRecord", expect, timeout_s=120)
         assert job_running(cluster.rest_url) is True
         cluster.cancel(job_id)

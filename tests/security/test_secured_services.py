@@ -243,7 +243,7 @@ def test_a_job_submitted_to_a_standalone_cluster_runs_secured(secured: Secured, 
     assert cluster.start().startswith("started on")
     try:
         env = {k: v for k, v in env_of(s).items() if k.startswith(("RTREC_KAFKA__", "RTREC_FLINK__"))}
-        job_id = cluster.submit(ROOT / "flink_jobs" / "submit.py", ["--no-samples"], env=env)
+        job_id = cluster.submit(["--no-samples"], env=env)
         features = wait_for(s, s.kafka.topics.features, "FeatureRecord",
                             lambda got: any(r["entity_id"] == "u1" for r in got.records), timeout_s=120)
         assert {"u1", "i1"} <= {r["entity_id"] for r in features.records}
