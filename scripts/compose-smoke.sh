@@ -8,17 +8,21 @@
 # Not part of the README's test command: it needs a Docker engine and ~15 GB of images. Run it before
 # every change to docker-compose.yml or the Dockerfiles.
 #
-# Usage: scripts/compose-smoke.sh [--standins] [--keep] [--compose "docker compose"|docker-compose]
+# Usage: scripts/compose-smoke.sh [--standins] [--secure] [--keep] [--compose "docker compose"|docker-compose]
 #   --standins  first build offline stand-ins for the official base images (air-gapped machines;
 #               scripts/docker/build-standins.sh, which needs a local debian:bookworm-slim image)
+#   --secure    the secured stack (docker-compose.secure.yml, credentials of its own made by
+#               scripts/compose-secure-init.sh); the host clients connect with them, and it checks as well
+#               that plain clients are refused and that no password is in any log or container config
 #   --keep      leave the stack running at the end (default: `down -v`, volumes included)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-STANDINS=0 KEEP=0 COMPOSE=""
+STANDINS=0 SECURE=0 KEEP=0 COMPOSE=""
 while [ $# -gt 0 ]; do
   case $1 in
     --standins) STANDINS=1 ;;
+    --secure) SECURE=1 ;;
     --keep) KEEP=1 ;;
     --compose) COMPOSE=$2; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
@@ -37,6 +41,22 @@ export RTREC_SNAPSHOTS_DIR=$SNAPSHOTS
 # scripts/rtrec on the host, pointed at the stack's published ports
 HOST_ENV=(RTREC_KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:${RTREC_KAFKA_PORT:-29092}
           RTREC_REDIS__URL=redis://127.0.0.1:${RTREC_REDIS_PORT:-26379}/0 RTREC_TRAINER__SNAPSHOT_DIR=$SNAPSHOTS)
+REDIS_CLI=(redis-cli -p "${RTREC_REDIS_PORT:-26379}")
+if [ $SECURE = 1 ]; then
+  export RTREC_SECURE_DIR=$(mktemp -d "$ROOT/.compose-data/smoke-secure.XXXX")
+  export COMPOSE_FILE=docker-compose.yml:docker-compose.secure.yml
+  scripts/compose-secure-init.sh >/dev/null
+  HOST_ENV+=(RTREC_REDIS__URL=rediss://127.0.0.1:${RTREC_REDIS_PORT:-26379}/0 RTREC_REDIS__USERNAME=rtrec
+             RTREC_REDIS__PASSWORD_FILE=$RTREC_SECURE_DIR/redis-user.password
+             RTREC_REDIS__SSL_CA_FILE=$RTREC_SECURE_DIR/ca.pem
+             RTREC_KAFKA__SECURITY__PROTOCOL=SASL_SSL RTREC_KAFKA__SECURITY__SASL_MECHANISM=PLAIN
+             RTREC_KAFKA__SECURITY__USERNAME=rtrec
+             RTREC_KAFKA__SECURITY__PASSWORD_FILE=$RTREC_SECURE_DIR/kafka-user.password
+             RTREC_KAFKA__SECURITY__SSL_CA_FILE=$RTREC_SECURE_DIR/ca.pem)
+  REDIS_CLI+=(--tls --cacert "$RTREC_SECURE_DIR/ca.pem" --user rtrec --no-auth-warning)
+  REDISCLI_AUTH=$(cat "$RTREC_SECURE_DIR/redis-user.password")  # read by redis-cli, not on its command line
+  export REDISCLI_AUTH
+fi
 FLINK_UI=http://127.0.0.1:${RTREC_FLINK_UI_PORT:-28081}
 rtrec() { env "${HOST_ENV[@]}" scripts/rtrec "$@"; }
 dc() { $COMPOSE "$@"; }
@@ -55,7 +75,10 @@ fail() {
 finish() {
   local code=$?
   [ $PASSED = 1 ] || echo "compose smoke FAILED (exit $code) after $((SECONDS - T0)) s" >&2
-  if [ $KEEP = 0 ]; then dc down -v --remove-orphans >/dev/null 2>&1 || true; rm -rf "$SNAPSHOTS"; fi
+  if [ $KEEP = 0 ]; then
+    dc down -v --remove-orphans >/dev/null 2>&1 || true
+    rm -rf "$SNAPSHOTS" "${RTREC_SECURE_DIR:-}"
+  fi
 }
 wait_until() {  # timeout_s description command...
   local timeout=$1 what=$2; shift 2
@@ -71,7 +94,8 @@ import sys
 from confluent_kafka import Consumer, TopicPartition
 from core.settings import load_settings
 s = load_settings()
-c = Consumer({"bootstrap.servers": s.kafka.bootstrap_servers, "group.id": "rtrec-smoke-probe"})
+c = Consumer({"bootstrap.servers": s.kafka.bootstrap_servers, "group.id": "rtrec-smoke-probe",
+              **s.kafka.security.librdkafka()})
 meta = c.list_topics(sys.argv[1], timeout=10).topics[sys.argv[1]]
 print(sum(c.get_watermark_offsets(TopicPartition(sys.argv[1], p), timeout=10)[1] for p in (meta.partitions or {})))
 c.close()
@@ -81,7 +105,7 @@ grows() { local a b; a=$(topic_end "$1") || return 1; sleep 5; b=$(topic_end "$1
 current_version() { rtrec model list 2>/dev/null | awk '$1 == "*" {print $2}'; }
 newest_version() { rtrec model list 2>/dev/null | awk 'NR > 1 {v = $1 == "*" ? $2 : $1} END {print v}'; }
 healthy() { [ "$(docker inspect -f '{{.State.Health.Status}}' "$(dc ps -q "$1")")" = healthy ]; }
-redis_user() { { redis-cli -p "${RTREC_REDIS_PORT:-26379}" --scan --pattern 'rtrec:f:user:*' || true; } | head -1 | cut -d: -f4; }
+redis_user() { { "${REDIS_CLI[@]}" --scan --pattern 'rtrec:f:user:*' || true; } | head -1 | cut -d: -f4; }
 has_user_features() { [ -n "$(redis_user)" ]; }
 promoted() { [ -n "$(current_version)" ]; }
 newer_than() { local v; v=$(newest_version); [ -n "$v" ] && [ "$v" -gt "$1" ]; }
@@ -152,6 +176,27 @@ dc start trainer >/dev/null 2>&1
 wait_until 180 "the trainer resumed" logged trainer "resumed from snapshot v$LAST:"
 wait_until 300 "a snapshot after the restart" newer_than "$LAST"
 ok "exit 0 after SIGTERM; promoted v$BEFORE before, final v$LAST, resumed from v$LAST and went on"
+
+if [ $SECURE = 1 ]; then
+  step "secured: plain clients refused, no password in any log or container configuration"
+  env PYTHONPATH=. .venv/bin/python - "127.0.0.1:${RTREC_KAFKA_PORT:-29092}" <<'EOF' || fail "a plain Kafka client was served"
+import sys
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+try:
+    AdminClient({"bootstrap.servers": sys.argv[1], "log_level": 0}).list_topics(timeout=5)
+except KafkaException:
+    sys.exit(0)
+sys.exit(1)
+EOF
+  ! redis-cli -p "${RTREC_REDIS_PORT:-26379}" ping >/dev/null 2>&1 || fail "Redis answered a client without TLS"
+  PASSWORDS=$(mktemp)
+  cat "$RTREC_SECURE_DIR"/*.password > "$PASSWORDS"
+  LEAKS=$({ dc logs 2>&1; docker inspect $(dc ps -q); } | grep -c -F -f "$PASSWORDS" || true)
+  rm -f "$PASSWORDS"
+  [ "$LEAKS" = 0 ] || fail "$LEAKS lines of the logs or container configurations hold a password"
+  ok "plain Kafka and Redis clients refused; no password in $(dc logs 2>&1 | wc -l) log lines nor in docker inspect"
+fi
 
 step "jobmanager restart: the keeper resubmits the job from its newest checkpoint"
 dc restart jobmanager >/dev/null 2>&1

@@ -5,6 +5,7 @@ The stack itself runs in scripts/compose-smoke.sh, which needs a Docker engine (
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -150,3 +151,57 @@ def test_lock_files_pin_everything_with_hashes_and_agree() -> None:
     for dockerfile, lock in (("Dockerfile.app", "app.txt"), ("Dockerfile.flink", "job.txt")):
         text = (ROOT / "scripts/docker" / dockerfile).read_text()
         assert f"requirements/{lock}" in text and "--require-hashes" in text
+
+
+SECURE = ROOT / "docker-compose.secure.yml"
+
+
+@pytest.fixture(scope="module")
+def secured_stack(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The merged, secured stack as Compose resolves it (its files made by scripts/compose-secure-init.sh)."""
+    if shutil.which("docker-compose") is None or shutil.which("openssl") is None:
+        pytest.skip("needs Debian's docker-compose and openssl")
+    secure_dir = tmp_path_factory.mktemp("compose-secure") / "secure"
+    env = {**os.environ, "RTREC_SECURE_DIR": str(secure_dir)}
+    subprocess.run([str(ROOT / "scripts/compose-secure-init.sh")], env=env, check=True, capture_output=True)
+    merged = subprocess.run(["docker-compose", "-f", str(COMPOSE), "-f", str(SECURE), "config"], env=env,
+                            capture_output=True, text=True, cwd=ROOT)
+    assert merged.returncode == 0, merged.stderr
+    return {"dir": secure_dir, "config": yaml.safe_load(merged.stdout), "text": merged.stdout}
+
+
+def test_secured_stack_authenticates_every_client_and_keeps_passwords_in_files(secured_stack: dict) -> None:
+    d: Path = secured_stack["dir"]
+    config, services = secured_stack["config"], secured_stack["config"]["services"]
+    assert (d.stat().st_mode & 0o777) == 0o700 and (d / "ca.key").stat().st_mode & 0o077 == 0
+    passwords = [(d / f"{who}.password").read_text().strip() for who in ("kafka-admin", "kafka-user", "redis-user")]
+    assert not [p for p in passwords if p in secured_stack["text"]]  # the merged config names files only
+    kafka_env = services["kafka"]["environment"]
+    assert set(kafka_env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(",")) == {
+        "INTERNAL:SASL_SSL", "HOST:SASL_SSL", "CONTROLLER:SASL_PLAINTEXT"}
+    assert kafka_env["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
+    assert "--port" in services["redis"]["command"] and services["redis"]["command"][
+        services["redis"]["command"].index("--port") + 1] == "0"
+    for name in (*APP_SERVICES, "job-keeper"):
+        env = services[name]["environment"]
+        assert env["RTREC_KAFKA__SECURITY__PROTOCOL"] == "SASL_SSL", name
+        assert env["RTREC_KAFKA__SECURITY__PASSWORD_FILE"].startswith("/run/secrets/"), name
+        assert services[name]["depends_on"]["kafka-acls"]["condition"] == "service_completed_successfully", name
+    for name in APP_SERVICES:
+        assert services[name]["environment"]["RTREC_REDIS__URL"].startswith("rediss://"), name
+    for name in ("jobmanager", "taskmanager"):  # the connector's truststore, where the job graph names it
+        assert [s["source"] if isinstance(s, dict) else s for s in services[name]["secrets"]] == ["ca"], name
+    for secret in config["secrets"].values():
+        assert Path(secret["file"]).is_file(), secret
+    assert "user default off" in (d / "redis.acl").read_text() and passwords[2] not in (d / "redis.acl").read_text()
+
+
+def test_the_acl_step_runs_an_existing_command(secured_stack: dict) -> None:
+    from click.testing import CliRunner
+
+    from rtrec.cli.main import cli
+
+    command = secured_stack["config"]["services"]["kafka-acls"]["command"]
+    result = CliRunner().invoke(cli, [*command, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "allow User:rtrec WRITE on TOPIC prefixed 'rtrec.'" in result.output

@@ -1,10 +1,11 @@
 #!/bin/sh
 # server.properties from KAFKA_* variables (as the official image does: KAFKA_ADVERTISED_LISTENERS ->
-# advertised.listeners, a double underscore -> '-'), over a single-node KRaft default.
+# advertised.listeners, a double underscore -> '-'), over a single-node KRaft default. KAFKA_HEAP_OPTS
+# and KAFKA_OPTS (a JAAS file, say) go to the JVM, as kafka-server-start.sh passes them.
 set -eu
 PROPS=/var/lib/kafka/server.properties
 DATA=/var/lib/kafka/data
-env | grep '^KAFKA_' | grep -v '^KAFKA_HEAP_OPTS=' | while IFS='=' read -r name value; do
+env | grep '^KAFKA_' | grep -v -e '^KAFKA_HEAP_OPTS=' -e '^KAFKA_OPTS=' | while IFS='=' read -r name value; do
   key=$(echo "${name#KAFKA_}" | tr 'A-Z' 'a-z' | sed -e 's/__/-/g' -e 's/_/./g')
   echo "$key=$value"
 done > "$PROPS"
@@ -27,4 +28,4 @@ if [ ! -f "$DATA/meta.properties" ]; then
   java $HEAP -cp '/opt/kafka/libs/*' kafka.tools.StorageTool format $STANDALONE \
     -t "${CLUSTER_ID:-R8m3nKafkaStandIn0001w}" -c "$PROPS" >/dev/null
 fi
-exec java $HEAP -cp '/opt/kafka/libs/*' kafka.Kafka "$PROPS"
+exec java $HEAP ${KAFKA_OPTS:-} -cp '/opt/kafka/libs/*' kafka.Kafka "$PROPS"
