@@ -16,6 +16,7 @@ samples for every strategy), so a difference is only read as one when its interv
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ class StrategyResult:
     probs: np.ndarray
     labels: np.ndarray
     times: np.ndarray
+    samples_per_s: float | None = None  # streaming phase (score, then learn), where it is one
 
     @property
     def auc(self) -> float | None:
@@ -138,9 +140,9 @@ def _item_ctr(head: Columns, tail: Columns, prior: float = 20.0) -> np.ndarray:
 
 
 def compare(samples: list[dict], cfg: TrainerSettings, train_fraction: float, period_s: float, batch: int = 256,
-            epochs: int = 3, ewc_lambdas: Sequence[float] = ()) -> list[StrategyResult]:
+            epochs: int = 3, ewc_lambdas: Sequence[float] = (), peer: str | None = None) -> list[StrategyResult]:
     """Frozen, periodic, then the real-time variants; EWC runs once per λ in `ewc_lambdas`
-    (default: the configured one)."""
+    (default: the configured one); with `peer="river"`, River's FMClassifier last."""
     columns = Columns.from_records(samples)
     cut = int(len(columns) * train_fraction)
     head, tail = columns.select(np.arange(cut)), columns.select(np.arange(cut, len(columns)))
@@ -172,12 +174,20 @@ def compare(samples: list[dict], cfg: TrainerSettings, train_fraction: float, pe
         variant = cfg.model_copy(update={"ema_enabled": ema, "ewc_enabled": ewc, "ewc_lambda": lam})
         learner = _fit(variant, head, epochs, batch)
         out = []
+        started = time.perf_counter()
         for k, part in enumerate(_batches(tail, batch)):
             out.append(_predict(learner, part))
             learner.step(part.to_batch(variant.user_buckets, variant.item_buckets))
             if ewc and k % 20 == 19:
                 learner.consolidate()
-        results.append(StrategyResult(name, np.concatenate(out), tail.label, tail.event_time_ms))
+        results.append(StrategyResult(name, np.concatenate(out), tail.label, tail.event_time_ms,
+                                      len(tail) / max(time.perf_counter() - started, 1e-9)))
+    if peer == "river":
+        from rtrec.peer_baseline import river_fm
+
+        probs, rate = river_fm(head, tail, epochs)
+        results.append(StrategyResult("River FMClassifier (k=10), same protocol", probs, tail.label,
+                                      tail.event_time_ms, rate))
     return results
 
 
@@ -220,17 +230,18 @@ def write_report(results: list[StrategyResult], out_dir: Path) -> tuple[str, Pat
     out_dir.mkdir(parents=True, exist_ok=True)
     iv = bootstrap(results)
     first = results[0].name
-    lines = [f"| strategy | AUC | 95 % CI | AUC - {first} (95 % CI) | logloss | samples | positives |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"| strategy | AUC | 95 % CI | AUC - {first} (95 % CI) | logloss | samples | positives | samples/s |",
+             "|---|---|---|---|---|---|---|---|"]
     base = results[0].auc
     for i, r in enumerate(results):
         value = r.auc
+        rate = "" if r.samples_per_s is None else f"{r.samples_per_s:,.0f}"
         if value is None or base is None:  # one class only: no AUC to compare
-            lines.append(f"| {r.name} | n/a | | | {r.logloss:.4f} | {len(r.labels)} | {int(r.labels.sum())} |")
+            lines.append(f"| {r.name} | n/a | | | {r.logloss:.4f} | {len(r.labels)} | {int(r.labels.sum())} | {rate} |")
             continue
         delta = "" if i == 0 else f"{value - base:+.4f} [{iv.delta[i, 0]:+.4f}, {iv.delta[i, 1]:+.4f}]"
         lines.append(f"| {r.name} | {value:.4f} | [{iv.auc[i, 0]:.4f}, {iv.auc[i, 1]:.4f}] | {delta} | "
-                     f"{r.logloss:.4f} | {len(r.labels)} | {int(r.labels.sum())} |")
+                     f"{r.logloss:.4f} | {len(r.labels)} | {int(r.labels.sum())} | {rate} |")
     table = "\n".join(lines)
     (out_dir / "evaluation.md").write_text(table + "\n")
     fig, ax = plt.subplots(figsize=(9, 4.5))

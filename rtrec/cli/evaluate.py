@@ -30,6 +30,8 @@ from rtrec.sources.replay import ColumnMapping, ReplayError
 @click.option("--period-hours", type=float, default=24.0, show_default=True, help="Periodic retraining interval.")
 @click.option("--ewc-lambda", "ewc_lambdas", type=float, multiple=True,
               help="EWC strength to compare; repeat for several (default: trainer.ewc_lambda).")
+@click.option("--peer", type=click.Choice(["river"]), default=None,
+              help="A peer library's learner on the same samples (River's FMClassifier; `pip install river`).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=Path("eval-out"),
               show_default=True)
 @click.pass_obj
@@ -37,13 +39,18 @@ def evaluate_command(settings: Settings, paths: tuple[Path, ...], synthetic_even
                      synthetic_hours: float, items_by_file: bool, user_col: str, item_col: str,
                      time_col: str, type_col: str, type_map: str, click_col: str | None, position_col: str | None,
                      train_fraction: float, period_hours: float, ewc_lambdas: tuple[float, ...],
-                     out_dir: Path) -> None:
+                     peer: str | None, out_dir: Path) -> None:
     """Replay logs through the pipeline and compare frozen, periodic and real-time training."""
     from rtrec.evaluation import compare, pipeline_samples, synthetic_samples, write_report
     from rtrec.services import manager
 
     if bool(paths) == (synthetic_events is not None):
         raise click.UsageError("give either --data (once or more) or --synthetic-events")
+    if peer == "river":
+        import importlib.util
+
+        if importlib.util.find_spec("river") is None:
+            raise click.UsageError("--peer river needs River: pip install river (the project's `peer` extra)")
 
     manager.up(settings.services)
     mapping = ColumnMapping(user=user_col, item=item_col, time=time_col, type=type_col, type_map=_type_map(type_map),
@@ -61,7 +68,7 @@ def evaluate_command(settings: Settings, paths: tuple[Path, ...], synthetic_even
     if len(samples) < 100:
         raise click.ClickException(f"only {len(samples)} samples: too few to compare strategies")
     cfg = settings.trainer.model_copy(update={"user_buckets": 1 << 16, "item_buckets": 1 << 14})
-    results = compare(samples, cfg, train_fraction, period_hours * 3600, ewc_lambdas=ewc_lambdas)
+    results = compare(samples, cfg, train_fraction, period_hours * 3600, ewc_lambdas=ewc_lambdas, peer=peer)
     table, plot = write_report(results, out_dir)
     click.echo(table)
     click.echo(f"plot: {plot}")

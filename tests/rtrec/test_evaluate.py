@@ -44,7 +44,7 @@ def test_two_campaigns_through_the_pipeline_and_every_strategy(settings: Setting
     table, plot = write_report(results, tmp_path)
     rows = table.splitlines()[2:]
     assert len(rows) == len(results) and plot.is_file() and (tmp_path / "evaluation.md").read_text().strip() == table
-    assert all(row.count("|") == 8 for row in rows)
+    assert all(row.count("|") == 9 for row in rows)
 
 
 def test_evaluate_needs_exactly_one_source() -> None:
