@@ -255,3 +255,25 @@ def test_a_job_submitted_to_a_standalone_cluster_runs_secured(secured: Secured, 
     finally:
         cluster.stop()
     assert not files_with(tmp_path, secured.passwords())
+
+
+def test_a_backfill_runs_secured(secured: Secured, tmp_path: Path) -> None:
+    """`rtrec features backfill` (a bounded run of the job, its own topics, the loader into Redis) through
+    the secured services and the settings file alone."""
+    base = secured.client()
+    s = job_settings(base.model_copy(update={"kafka": base.kafka.model_copy(update={
+        "topics": base.kafka.topics.suffixed(f"backfill{os.getpid()}")})}), checkpoint_dir=tmp_path / "checkpoints",
+        log_dir=tmp_path / "flink-logs", group_id="rtrec-features-backfill")
+    create_topics(s)
+    produce(s, [event(f"e{k}", "impression", f"u{k % 2}", "i1", 500 * k) for k in range(12)])
+    env = {**os.environ, **env_of(s), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "rtrec", "features", "backfill", "--no-samples"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    loaded = re.search(r"finished: (\d+) feature records loaded", out)
+    assert loaded and int(loaded.group(1)) > 0, out[-2000:]
+    r = s.redis
+    values = list(redis.Redis.from_url(r.url, **r.connection_kwargs()).scan_iter(f"{r.key_prefix}:f:user:*"))
+    assert values, "no user features in the secured Redis"
+    assert not [p for p in secured.passwords() if p in out] and not files_with(tmp_path, secured.passwords())
