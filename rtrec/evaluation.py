@@ -32,6 +32,7 @@ from gpu_trainer.batch import Columns
 from gpu_trainer.learner import Learner
 from gpu_trainer.models import build_model
 from gpu_trainer.prequential import auc, logloss
+from gpu_trainer.shadow import ShadowGate
 from rtrec.sources.produce import produce_replay, produce_synthetic
 from rtrec.sources.replay import ColumnMapping
 from schemas.kafka_io import read_topic
@@ -170,18 +171,23 @@ def compare(samples: list[dict], cfg: TrainerSettings, train_fraction: float, pe
     for lam in lambdas:
         variants += [(f"real-time + EWC (λ={lam:g})", False, True, lam),
                      (f"real-time + EMA + EWC (λ={lam:g})", True, True, lam)]
+    per_batch: dict[str, list[np.ndarray]] = {}
+    seconds = 0.0
     for name, ema, ewc, lam in variants:
         variant = cfg.model_copy(update={"ema_enabled": ema, "ewc_enabled": ewc, "ewc_lambda": lam})
         learner = _fit(variant, head, epochs, batch)
-        out = []
+        out = per_batch[name] = []
         started = time.perf_counter()
         for k, part in enumerate(_batches(tail, batch)):
             out.append(_predict(learner, part))
             learner.step(part.to_batch(variant.user_buckets, variant.item_buckets))
             if ewc and k % 20 == 19:
                 learner.consolidate()
+        took = time.perf_counter() - started
+        seconds += took
         results.append(StrategyResult(name, np.concatenate(out), tail.label, tail.event_time_ms,
-                                      len(tail) / max(time.perf_counter() - started, 1e-9)))
+                                      len(tail) / max(took, 1e-9)))
+    results.append(_auto(per_batch, _batches(tail, batch), tail, seconds))
     if peer == "river":
         from rtrec.peer_baseline import river_fm
 
@@ -189,6 +195,22 @@ def compare(samples: list[dict], cfg: TrainerSettings, train_fraction: float, pe
         results.append(StrategyResult("River FMClassifier (k=10), same protocol", probs, tail.label,
                                       tail.event_time_ms, rate))
     return results
+
+
+def _auto(per_batch: dict[str, list[np.ndarray]], parts: list[Columns], tail: Columns,
+          seconds: float) -> StrategyResult:
+    """The shadow learners' choice: every variant learns every batch, and each batch is served by the
+    variant the gate chose from the batches before it (each variant's scores were made before it learned
+    that batch, so replaying them through the gate here is exactly what a live trainer would serve).
+    Its samples/s are those of running all the variants."""
+    gate = ShadowGate(list(per_batch), window=5_000, margin=0.01)
+    served = []
+    for k, part in enumerate(parts):
+        served.append(per_batch[gate.leader][k])
+        gate.update({name: out[k] for name, out in per_batch.items()}, part.label)
+    name = f"auto (shadow learners: {len(per_batch)} variants, {len(gate.switches)} switches, last {gate.leader})"
+    return StrategyResult(name, np.concatenate(served), tail.label, tail.event_time_ms,
+                          len(tail) / max(seconds, 1e-9))
 
 
 @dataclass(frozen=True)
