@@ -413,6 +413,12 @@ class TrainerSettings(Section):
     # With EMA on, the published weights are scored too (the promotion gate judges them), on this
     # many rows of each batch: enough for a steady AUC, a bounded cost on large batches.
     published_eval_rows: int = 1024
+    # Shadow learners (gpu_trainer/shadow.py): update rules trained side by side on the same batches,
+    # the gate publishing the one leading by prequential AUC; each costs a full training step.
+    # Names: plain, ema, ewc, ema+ewc (their momentum and λ are those above). Empty: the one rule of
+    # ema_enabled / ewc_enabled.
+    shadow_variants: tuple[Literal["plain", "ema", "ewc", "ema+ewc"], ...] = ()
+    shadow_margin: float = 0.005
     snapshot_every_s: float = 10.0
     snapshot_every_samples: int = 100_000
     snapshot_dir: Path = Field(default_factory=lambda: _default_cache_dir() / "snapshots")

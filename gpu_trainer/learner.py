@@ -77,6 +77,8 @@ class Learner:
         self.non_finite_batches = 0
         self.collisions = {"user": CollisionCounter(cfg.user_buckets), "item": CollisionCounter(cfg.item_buckets)}
         self.sample_digest = 0  # sum of trained sample-id hashes mod 2**64: proves which samples, once each
+        # the published weights' scores of the last batch's first published_eval_rows rows (before learning)
+        self.last_published_scores: np.ndarray | None = None
 
     def _touched_rows(self, batch: Batch) -> dict[str, torch.Tensor]:
         users, items = torch.unique(batch.user_idx), torch.unique(batch.item_idx)
@@ -108,13 +110,16 @@ class Learner:
         logits = self.forward(batch)
         loss = self.loss_fn(logits, batch.label)
         labels, at_ms = batch.label.cpu().numpy(), int(batch.event_time_ms.max())
-        self.prequential.update(torch.sigmoid(logits.detach()).cpu().numpy().astype(np.float64), labels, at_ms)
+        trained_scores = torch.sigmoid(logits.detach()).cpu().numpy().astype(np.float64)
+        self.prequential.update(trained_scores, labels, at_ms)
+        # a slice of each batch: its forward pass then costs the same whatever the batch size
+        rows = min(len(batch), self.cfg.published_eval_rows)
+        self.last_published_scores = trained_scores[:rows]
         if self.published_model is not None:
-            # a slice of each batch: its forward pass then costs the same whatever the batch size
-            rows = min(len(batch), self.cfg.published_eval_rows)
             with torch.no_grad():
                 published = torch.sigmoid(self.forward(batch.head(rows), self.published_model))
-            self.published_prequential.update(published.cpu().numpy().astype(np.float64), labels[:rows], at_ms)
+            self.last_published_scores = published.cpu().numpy().astype(np.float64)
+            self.published_prequential.update(self.last_published_scores, labels[:rows], at_ms)
         if not torch.isfinite(loss):
             self.non_finite_batches += 1
             return StepResult(float("nan"), trained=False)

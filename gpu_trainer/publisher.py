@@ -24,6 +24,7 @@ import numpy as np
 
 from gpu_trainer.base import ModelPointer, TrainerOutputs
 from gpu_trainer.learner import Learner
+from gpu_trainer.shadow import ShadowLearners
 from gpu_trainer.snapshots import WEIGHTS, Manifest, SnapshotError, SnapshotStore
 
 
@@ -33,7 +34,7 @@ class ModelMismatchError(RuntimeError):
 log = logging.getLogger("rtrec.trainer")
 
 
-def restore(store: SnapshotStore, version: int, learner: Learner) -> Manifest:
+def restore(store: SnapshotStore, version: int, learner: Learner | ShadowLearners) -> Manifest:
     """Loads snapshot `version` (sha256-checked) into `learner`: weights, EMA, EWC state and the
     counters. Resuming at start and reverting after non-finite weights both come through here.
     SnapshotError: the snapshot is damaged (the learner may be partly loaded); ModelMismatchError: it

@@ -21,6 +21,7 @@ from gpu_trainer.base import ModelPointer, Positions, SampleSource, TrainerOutpu
 from gpu_trainer.batch import Columns
 from gpu_trainer.learner import Learner
 from gpu_trainer.publisher import SnapshotPublisher, restore
+from gpu_trainer.shadow import ShadowLearners
 from gpu_trainer.snapshots import Manifest, SnapshotError, SnapshotStore, now_ms, should_promote
 from gpu_trainer.telemetry import TrainerMetrics
 from gpu_trainer.validation import check_samples, sample_key
@@ -39,10 +40,15 @@ class RunSummary:
     resumed_from: int | None
 
 
+def make_learner(cfg: TrainerSettings, n_features: int) -> Learner | ShadowLearners:
+    """The configured update rule, or the shadow learners of `trainer.shadow_variants`."""
+    return ShadowLearners(cfg, n_features) if cfg.shadow_variants else Learner(cfg, n_features)
+
+
 class TrainerService:
     def __init__(self, cfg: TrainerSettings, source: SampleSource, outputs: TrainerOutputs, pointer: ModelPointer,
                  store: SnapshotStore, n_features: int = len(FEATURE_NAMES), metrics: TrainerMetrics | None = None,
-                 learner: Learner | None = None, metrics_host: str = "127.0.0.1") -> None:
+                 learner: Learner | ShadowLearners | None = None, metrics_host: str = "127.0.0.1") -> None:
         self.cfg = cfg
         self.metrics_host = metrics_host
         self.source = source
@@ -50,7 +56,7 @@ class TrainerService:
         self.pointer = pointer
         self.store = store
         self.n_features = n_features
-        self.learner = learner or Learner(cfg, n_features)
+        self.learner = learner or make_learner(cfg, n_features)
         self.metrics = metrics or TrainerMetrics()
         self.publisher = SnapshotPublisher(store, pointer, outputs, cfg.keep_last, self._published)
         self.version = 0
@@ -81,6 +87,8 @@ class TrainerService:
 
     def _restore(self, version: int) -> Manifest:
         manifest = restore(self.store, version, self.learner)
+        if isinstance(self.learner, ShadowLearners) and manifest.variant in self.learner.variants:
+            self.learner.gate.leader = manifest.variant
         self.dead_lettered = manifest.dead_lettered
         self.positions = manifest.offsets_by_partition()
         self.version = version
@@ -106,7 +114,7 @@ class TrainerService:
                 skipped.append(f"v{version}: {exc}")
         if skipped:
             if manifest is None:  # the learner may hold part of a damaged snapshot: start it anew
-                self.learner = Learner(self.cfg, self.n_features)
+                self.learner = make_learner(self.cfg, self.n_features)
             log.warning("%s; skipped: %s", f"resumed from v{self.version}, the newest intact snapshot"
                         if manifest else "no intact snapshot: training starts from scratch", "; ".join(skipped))
         if manifest is not None:
@@ -175,8 +183,13 @@ class TrainerService:
 
     def _train(self, columns: Columns) -> None:
         began = time.monotonic()
+        switches = len(self.learner.gate.switches) if isinstance(self.learner, ShadowLearners) else 0
         result = self.learner.step(columns.to_batch(self.cfg.user_buckets, self.cfg.item_buckets))
         took = time.monotonic() - began
+        if isinstance(self.learner, ShadowLearners) and len(self.learner.gate.switches) > switches:
+            switch = self.learner.gate.switches[-1]
+            log.info("shadow learners: publishing %s instead of %s: %s", switch["to"], switch["from"],
+                     switch["reason"])
         if not result.trained:  # non-finite loss: the batch is not learned from, so it is dead-lettered
             self._dead_letter([Reject(f"sample {sid}: non-finite training loss", self.source.topic,
                                       key=sample_key(str(sid))) for sid in columns.sample_id])
@@ -204,6 +217,11 @@ class TrainerService:
             self.metrics.auc.set(auc)
         if loss is not None:
             self.metrics.logloss.set(loss)
+        if isinstance(self.learner, ShadowLearners):
+            for name, value in self.learner.variant_aucs().items():
+                if value is not None:
+                    self.metrics.variant_auc.labels(variant=name).set(value)
+                self.metrics.variant_published.labels(variant=name).set(int(name == self.learner.gate.leader))
         with contextlib.suppress(Exception):  # lag is best-effort telemetry; never stop training for it
             self.metrics.lag.set(self.source.lag())
 
@@ -235,8 +253,11 @@ class TrainerService:
             dead_lettered=self.dead_lettered,
             metrics={"auc": auc, "logloss": loss, "trained_auc": trained.auc(), "trained_logloss": trained.logloss(),
                      "user_collision_rate": self.learner.collisions["user"].rate(),
-                     "item_collision_rate": self.learner.collisions["item"].rate()},
+                     "item_collision_rate": self.learner.collisions["item"].rate(),
+                     **({f"variant_auc.{name}": value for name, value in self.learner.variant_aucs().items()}
+                        if isinstance(self.learner, ShadowLearners) else {})},
             newest_event_ms=self.newest_event_ms, promoted=promoted,
+            variant=self.learner.gate.leader if isinstance(self.learner, ShadowLearners) else None,
         )
         arrays = {k: v.copy() for k, v in self.learner.state_arrays().items()}
         self.publisher.begin(manifest, arrays)

@@ -26,6 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from core.settings import TrainerSettings
+from gpu_trainer.batch import Batch
+from gpu_trainer.learner import Learner, StepResult
 from gpu_trainer.prequential import Prequential
 
 
@@ -83,3 +86,97 @@ class ShadowGate:
                                             f"{streak} checks in a row (margin {self.margin:g})"})
             self.leader = best
             self._streak = (None, 0)
+
+
+def variant_settings(cfg: TrainerSettings, name: str) -> TrainerSettings:
+    """The trainer settings of one variant: `plain`, `ema`, `ewc` or `ema+ewc`."""
+    rules = set(name.split("+"))
+    if not rules <= {"plain", "ema", "ewc"} or ("plain" in rules and len(rules) > 1):
+        raise ValueError(f"unknown shadow variant {name!r}; known: plain, ema, ewc, ema+ewc")
+    return cfg.model_copy(update={"ema_enabled": "ema" in rules, "ewc_enabled": "ewc" in rules})
+
+
+class ShadowLearners:
+    """Several learners of one model under different update rules (`trainer.shadow_variants`), stepped on
+    the same batches; the gate's leader is the one the service publishes. To the service it is a
+    learner: the leader's metrics and published weights, every variant's state in a snapshot
+    (`variant/<name>/...` beside the leader's arrays under their usual names, which scorers read)."""
+
+    def __init__(self, cfg: TrainerSettings, n_dense: int) -> None:
+        self.cfg = cfg
+        self.variants = {name: Learner(variant_settings(cfg, name), n_dense) for name in cfg.shadow_variants}
+        self.gate = ShadowGate(list(self.variants), window=cfg.eval_window, margin=cfg.shadow_margin)
+        self.model_name, self.config = self.leader.model_name, self.leader.config
+
+    @property
+    def leader(self) -> Learner:
+        return self.variants[self.gate.leader]
+
+    # what the service reads of a learner: the leader's
+    @property
+    def prequential(self) -> Prequential:
+        return self.leader.prequential
+
+    @property
+    def published_prequential(self) -> Prequential:
+        return self.leader.published_prequential
+
+    @property
+    def collisions(self) -> dict[str, Any]:
+        return self.leader.collisions
+
+    @property
+    def samples_trained(self) -> int:
+        return self.leader.samples_trained
+
+    @samples_trained.setter
+    def samples_trained(self, value: int) -> None:
+        for learner in self.variants.values():
+            learner.samples_trained = value
+
+    @property
+    def sample_digest(self) -> int:
+        return self.leader.sample_digest
+
+    @sample_digest.setter
+    def sample_digest(self, value: int) -> None:
+        for learner in self.variants.values():
+            learner.sample_digest = value
+
+    def step(self, batch: Batch) -> StepResult:
+        results = {name: learner.step(batch) for name, learner in self.variants.items()}
+        scores = {name: learner.last_published_scores for name, learner in self.variants.items()}
+        if all(s is not None for s in scores.values()):
+            rows = len(next(iter(scores.values())))  # type: ignore[arg-type]
+            self.gate.update(scores, batch.label[:rows].cpu().numpy().astype(np.float64))  # type: ignore[arg-type]
+        return results[self.gate.leader]
+
+    def consolidate(self) -> None:
+        for learner in self.variants.values():
+            learner.consolidate()
+
+    def weights_are_finite(self) -> bool:
+        return all(learner.weights_are_finite() for learner in self.variants.values())
+
+    def published_state(self) -> dict[str, Any]:
+        return self.leader.published_state()
+
+    def variant_aucs(self) -> dict[str, float | None]:
+        return {name: learner.published_prequential.auc() for name, learner in self.variants.items()}
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        out = dict(self.leader.state_arrays())
+        for name, learner in self.variants.items():
+            out.update({f"variant/{name}/{key}": value for key, value in learner.state_arrays().items()})
+        return out
+
+    def load_state_arrays(self, arrays: dict[str, np.ndarray], leader: str | None = None) -> None:
+        """Each variant from its own arrays; one a snapshot does not hold (an older snapshot, a variant
+        added since) starts from the published model's."""
+        for name, learner in self.variants.items():
+            prefix = f"variant/{name}/"
+            own = {k.removeprefix(prefix): v for k, v in arrays.items() if k.startswith(prefix)}
+            base = {k: v for k, v in arrays.items() if not k.startswith("variant/")}
+            learner.load_state_arrays(own or base)
+        if leader in self.variants:
+            self.gate.leader = leader

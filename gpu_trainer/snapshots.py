@@ -44,6 +44,7 @@ class Manifest:
     newest_event_ms: int | None
     promoted: bool
     files: dict[str, str] = field(default_factory=dict)  # name -> sha256
+    variant: str | None = None  # with shadow learners: the update rule whose weights these are
 
     def offsets_by_partition(self) -> dict[tuple[str, int], int]:
         return {(o["topic"], int(o["partition"])): int(o["offset"]) for o in self.offsets}

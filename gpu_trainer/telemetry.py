@@ -18,6 +18,11 @@ class TrainerMetrics:
                                        buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
         self.lag = Gauge("rtrec_trainer_consumer_lag", "Samples not yet consumed", registry=r)
         self.auc = Gauge("rtrec_trainer_prequential_auc", "Rolling prequential AUC", registry=r)
+        self.variant_auc = Gauge("rtrec_trainer_variant_auc", "Rolling prequential AUC of each shadow learner",
+                                 ["variant"], registry=r)
+        self.variant_published = Gauge("rtrec_trainer_variant_published",
+                                       "1 for the shadow learner whose weights are published, else 0", ["variant"],
+                                       registry=r)
         self.logloss = Gauge("rtrec_trainer_prequential_logloss", "Rolling prequential logloss", registry=r)
         self.version = Gauge("rtrec_trainer_snapshot_version", "Latest snapshot version written", registry=r)
         self.current = Gauge("rtrec_trainer_current_version", "Promoted (current) snapshot version", registry=r)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -55,3 +57,40 @@ def test_evaluate_serves_each_batch_by_the_variant_chosen_before_it() -> None:
     stacked = np.stack([v.probs for v in variants])
     assert np.isclose(stacked, auto.probs).any(axis=0).all()
     assert auto.samples_per_s and auto.samples_per_s < min(v.samples_per_s or 0 for v in variants)
+
+
+def test_the_trainer_service_publishes_the_leading_variant_and_resumes_every_variant(tmp_path: Path) -> None:
+    from gpu_trainer.service import TrainerService
+    from gpu_trainer.shadow import ShadowLearners
+    from gpu_trainer.snapshots import SnapshotStore
+    from tests.gpu_trainer.fakes import ListOutputs, ListSource, MemoryPointer
+    from tests.gpu_trainer.samples import digest, make_samples
+    from tests.gpu_trainer.test_service import config
+
+    cfg = config(tmp_path, shadow_variants=("plain", "ema", "ewc"))
+    first, second = make_samples(3000), make_samples(2000, start=3000)
+    source = ListSource({0: first})
+    trainer = TrainerService(cfg, source, ListOutputs(), MemoryPointer(), SnapshotStore(cfg.snapshot_dir))
+    trainer.run(should_stop=lambda: source.lag() == 0)
+    learners = trainer.learner
+    assert isinstance(learners, ShadowLearners)
+    manifest = trainer.store.manifest(trainer.store.latest_version())
+    assert manifest.variant == learners.gate.leader and manifest.samples_seen == 3000
+    assert {f"variant_auc.{n}" for n in ("plain", "ema", "ewc")} <= set(manifest.metrics)
+    _, arrays = trainer.store.load(manifest.version)
+    # the scorer's arrays are the leader's published weights; every variant's own state is kept beside them
+    leader_state = learners.leader.published_state()
+    assert all(np.array_equal(arrays[f"published/{k}"], v.cpu().numpy()) for k, v in leader_state.items())
+    assert {k.split("/")[1] for k in arrays if k.startswith("variant/")} == {"plain", "ema", "ewc"}
+
+    source = ListSource({0: first + second})  # resumed at the snapshot offsets: 3000
+    resumed = TrainerService(cfg, source, ListOutputs(), MemoryPointer(), SnapshotStore(cfg.snapshot_dir))
+    assert resumed.resume() == manifest.version
+    assert isinstance(resumed.learner, ShadowLearners) and resumed.learner.gate.leader == manifest.variant
+    for name, learner in resumed.learner.variants.items():
+        saved = {k.removeprefix(f"variant/{name}/"): v for k, v in arrays.items() if k.startswith(f"variant/{name}/")}
+        assert all(np.array_equal(saved[f"trained/{k}"], p.detach().cpu().numpy())
+                   for k, p in learner.params.items()), name
+    resumed.run(should_stop=lambda: source.lag() == 0)
+    last = resumed.store.manifest(resumed.store.latest_version())
+    assert last.samples_seen == 5000 and last.sample_digest == digest(first + second)
