@@ -25,7 +25,7 @@ from core.kafka import producer_config
 from core.settings import Settings, TrainerSettings, load_settings
 from gpu_trainer.batch import Columns
 from gpu_trainer.learner import Learner
-from gpu_trainer.service import TrainerService
+from gpu_trainer.service import TrainerService, make_learner
 from gpu_trainer.snapshots import SnapshotStore
 from schemas.kafka_io import AvroProducer
 from schemas.serde import deserializer, header_of
@@ -50,6 +50,25 @@ def throughput(models: list[str], batch_sizes: list[int], seconds: float) -> Non
                     done += len(b)
             rate = done / (time.perf_counter() - began)
             emit("trainer", f"samples_per_s_{model}_b{bs}", rate, "samples/s", done, device=str(learner.device))
+
+
+def shadow_cost(variant_sets: list[tuple[str, ...]], bs: int, seconds: float) -> None:
+    """Samples/s of the MF step with k shadow learners against one rule (batch `bs`)."""
+    pool = make_samples(65_536, seed=3)
+    for variants in variant_sets:
+        cfg = TrainerSettings(shadow_variants=variants)
+        learner = make_learner(cfg, 20)
+        batches = [Columns.from_records(pool[k:k + bs]).to_batch(cfg.user_buckets, cfg.item_buckets)
+                   for k in range(0, len(pool) - bs + 1, bs)][:8]
+        learner.step(batches[0])
+        done, began = 0, time.perf_counter()
+        while time.perf_counter() - began < seconds:
+            for b in batches:
+                learner.step(b)
+                done += len(b)
+        name = "+".join(variants) if variants else "one_rule"
+        emit("trainer", f"samples_per_s_shadow_{len(variants) or 1}_{name}_b{bs}", done / (time.perf_counter() - began),
+             "samples/s", done)
 
 
 @contextlib.contextmanager
@@ -170,6 +189,7 @@ def main() -> None:
                         help="use the configured Kafka/Redis instead of starting fresh ones")
     args = parser.parse_args()
     throughput(["mf", "deepfm"], [512, 4096, 16384], args.step_seconds)
+    shadow_cost([(), ("plain", "ema"), ("plain", "ema", "ewc", "ema+ewc")], 4096, args.step_seconds)
     with services(load_settings(), own=not args.use_running_services) as settings:
         service_throughput(settings, 200_000)
         freshness(settings, args.seconds, args.rate)
