@@ -103,6 +103,9 @@ class JobHealth:
     features_out: int | None
     dead_letters_out: int | None
     event_time_lag_ms: int | None  # wall clock minus the event time of the events the source emits now
+    # A Kafka ACL the job lacks, found in any failure of its history: after an authorization error the
+    # newest failure is often what followed it (tasks that did not cancel, a task manager shut down)
+    missing_acl: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,6 +113,8 @@ class JobHealth:
 
 class FlinkRest:
     """The few REST calls the monitor needs, against a mini-cluster or a standalone cluster."""
+
+    kafka: KafkaSettings | None = None  # set: failures are searched for the Kafka ACL they name
 
     def __init__(self, url: str, timeout_s: float = 5.0) -> None:
         self.url = url.rstrip("/")
@@ -128,7 +133,10 @@ class FlinkRest:
         completed, failed = latest.get("completed") or {}, latest.get("failed") or {}
         acked = completed.get("latest_ack_timestamp")
         figures = self._figures(job_id, [v["id"] for v in job.get("vertices", [])])
+        acl = next((found for entry in history for found in [self.acl_of(entry.get("stacktrace", ""))] if found),
+                   None)
         return JobHealth(
+            missing_acl=acl,
             job_id=job_id, state=job["state"],
             # numRestarts lags by the metric fetcher's interval; every failure is in the history at once
             restarts=max(int(restarts or 0), len(history) - (1 if job["state"] == "FAILED" else 0)),
@@ -139,6 +147,9 @@ class FlinkRest:
             last_checkpoint_age_s=round(time.time() - acked / 1000, 1) if acked else None,
             events_in=figures.get("events_in"), features_out=figures.get("features_out"),
             dead_letters_out=figures.get("dead_letters_out"), event_time_lag_ms=figures.get("event_time_lag_ms"))
+
+    def acl_of(self, stacktrace: str) -> str | None:
+        return missing_acl(stacktrace, self.kafka) if self.kafka is not None and stacktrace else None
 
     def restarts(self, job_id: str) -> int:
         """One cheap call: the job's restart count as Flink's metric fetcher last saw it."""

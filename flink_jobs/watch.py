@@ -3,6 +3,7 @@ its Prometheus metrics current, and find the root cause when the job ends."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import urllib.error
 from collections.abc import Callable
@@ -25,6 +26,8 @@ class JobWatch:
         self.client = job_client
         self.job_id = str(job_client.get_job_id())
         self.rest = FlinkRest(rest_url) if rest_url else None
+        if self.rest is not None:
+            self.rest.kafka = settings.kafka
         self.say = say
         self.poll_every_s = poll_every_s
         self.metrics = JobMetrics()
@@ -91,20 +94,26 @@ class JobWatch:
             cause += "".join(f" ({text})" for text in (
                 f"the last failed checkpoint: {failure}" if failure else "",
                 f"checkpoint directory {self._dir_problem}" if self._dir_problem else "") if text)
-        acl = missing_acl(cause, self.settings.kafka)
+        acl = missing_acl(cause, self.settings.kafka) or self.health.missing_acl
         return f"{cause} ({acl})" if acl else cause
 
     def final_cause(self) -> str:
         """Why the job ended: the innermost cause of its execution result, and what was seen before."""
+        chain = ""
         try:
             self.client.get_job_execution_result().result()
             ended = "no cause reported"
         except Exception as exc:  # py4j wraps the Java exception: its text carries the chain
-            ended = root_cause(str(exc)) or type(exc).__name__
+            chain = str(exc)
+            ended = root_cause(chain) or type(exc).__name__
+        if self.rest is not None:  # the failures the last poll may have missed (a job that failed fast)
+            with contextlib.suppress(*_REST_ERRORS):
+                self.health = self.rest.health(self.job_id)
         seen = self.cause_seen()
         if seen and (ended in seen or "checkpoint" in ended.lower()):
             ended = seen
-        acl = missing_acl(ended, self.settings.kafka)
+        acl = (missing_acl(ended, self.settings.kafka) or missing_acl(chain, self.settings.kafka)
+               or (self.health.missing_acl if self.health else None))
         if acl and acl not in ended:
             ended += f" ({acl})"
         return f"{ended} ({self.restarts} restarts before)" if self.restarts else ended
