@@ -114,11 +114,10 @@ class JobHealth:
 class FlinkRest:
     """The few REST calls the monitor needs, against a mini-cluster or a standalone cluster."""
 
-    kafka: KafkaSettings | None = None  # set: failures are searched for the Kafka ACL they name
-
-    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 5.0, kafka: KafkaSettings | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self.kafka = kafka  # given: each failure is searched for the Kafka ACL it names
         self._metric_ids: dict[str, dict[str, str]] = {}  # job id -> figure -> "vertex id/metric id"
 
     def get(self, path: str) -> Any:
@@ -133,8 +132,8 @@ class FlinkRest:
         completed, failed = latest.get("completed") or {}, latest.get("failed") or {}
         acked = completed.get("latest_ack_timestamp")
         figures = self._figures(job_id, [v["id"] for v in job.get("vertices", [])])
-        acl = next((found for entry in history for found in [self.acl_of(entry.get("stacktrace", ""))] if found),
-                   None)
+        traces = "\n".join(entry.get("stacktrace", "") for entry in history)
+        acl = missing_acl(traces, self.kafka) if self.kafka is not None else None
         return JobHealth(
             missing_acl=acl,
             job_id=job_id, state=job["state"],
@@ -147,9 +146,6 @@ class FlinkRest:
             last_checkpoint_age_s=round(time.time() - acked / 1000, 1) if acked else None,
             events_in=figures.get("events_in"), features_out=figures.get("features_out"),
             dead_letters_out=figures.get("dead_letters_out"), event_time_lag_ms=figures.get("event_time_lag_ms"))
-
-    def acl_of(self, stacktrace: str) -> str | None:
-        return missing_acl(stacktrace, self.kafka) if self.kafka is not None and stacktrace else None
 
     def restarts(self, job_id: str) -> int:
         """One cheap call: the job's restart count as Flink's metric fetcher last saw it."""

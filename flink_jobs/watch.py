@@ -25,9 +25,7 @@ class JobWatch:
         self.settings = settings
         self.client = job_client
         self.job_id = str(job_client.get_job_id())
-        self.rest = FlinkRest(rest_url) if rest_url else None
-        if self.rest is not None:
-            self.rest.kafka = settings.kafka
+        self.rest = FlinkRest(rest_url, kafka=settings.kafka) if rest_url else None
         self.say = say
         self.poll_every_s = poll_every_s
         self.metrics = JobMetrics()
@@ -112,7 +110,7 @@ class JobWatch:
         seen = self.cause_seen()
         if seen and (ended in seen or "checkpoint" in ended.lower()):
             ended = seen
-        acl = (missing_acl(ended, self.settings.kafka) or missing_acl(chain, self.settings.kafka)
+        acl = (missing_acl(f"{ended}\n{chain}", self.settings.kafka)
                or (self.health.missing_acl if self.health else None))
         if acl and acl not in ended:
             ended += f" ({acl})"
