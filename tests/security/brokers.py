@@ -32,7 +32,10 @@ def broker_properties(port: int, internal: int, controller: int, certs: Path, da
         f"log.dirs={data}", "num.partitions=1", "offsets.topic.replication.factor=1",
         "offsets.topic.num.partitions=2", "transaction.state.log.replication.factor=1",
         "transaction.state.log.min.isr=1", "transaction.state.log.num.partitions=2",
-        "group.initial.rebalance.delay.ms=0", "transaction.max.timeout.ms=3600000", "", ])
+        "group.initial.rebalance.delay.ms=0", "transaction.max.timeout.ms=3600000",
+        # the tests' events carry 2023 timestamps: with the default 7-day retention the broker's first
+        # retention pass (30 s after it starts) deletes them, possibly before the job has read them
+        "log.retention.ms=-1", "", ])
 
 
 @contextmanager
