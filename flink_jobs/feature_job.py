@@ -45,18 +45,8 @@ def build_job(settings: Settings, t_env: TableEnvironment, log_range: LogRange |
     k, f = settings.kafka, settings.flink
     t_env.create_java_temporary_system_function("RTREC_DECODE_EVENT", "dev.rtrec.flink.DecodeInteractionEvent")
     t_env.create_java_temporary_system_function("RTREC_EVENT_TIME", "dev.rtrec.flink.EventTimeOf")
-    args = decode_args(settings)
 
-    t_env.execute_sql(events_source_ddl("events_raw", k.topics.events, k.bootstrap_servers, f.group_id,
-                                        f.watermark_delay_ms, "RTREC_EVENT_TIME", args,
-                                        {"properties.max.partition.fetch.bytes": str(f.source_fetch_bytes),
-                                         **(connector_options(log_range) if log_range is not None else
-                                            {"scan.startup.mode": "group-offsets",
-                                             "properties.auto.offset.reset": "earliest"})},
-                                        client=k.security.flink_connector()))
-    t_env.create_temporary_view("decoded", t_env.sql_query(decoded_view_sql("events_raw", "RTREC_DECODE_EVENT",
-                                                                            args)))
-    t_env.create_temporary_view("events", t_env.sql_query(good_events_sql("decoded", f.window_s)))
+    add_events_source(settings, t_env, "events", f.group_id, log_range)
 
     exactly_once = f.checkpoint_interval_ms > 0
     t_env.execute_sql(avro_sink_ddl("features_sink", "FeatureRecord", k.topics.features, k.bootstrap_servers,
@@ -73,24 +63,51 @@ def build_job(settings: Settings, t_env: TableEnvironment, log_range: LogRange |
     queries.append(window_sql("user_item", f.window_s, f.window_s))
     union = "\nUNION ALL\n".join(queries)
     statements.add_insert_sql(f"INSERT INTO features_sink {union}")
-    dead = dead_letters_sql("decoded", k.topics.events, f.window_s)
+    dead = dead_letters_sql("events_decoded", k.topics.events, f.window_s)
     statements.add_insert_sql(f"INSERT INTO dead_letter_sink {dead}")
     if with_samples:
-        add_samples(settings, t_env, statements, exactly_once, job_id)
+        add_samples(settings, t_env, statements, exactly_once, job_id, log_range)
     return statements
 
 
-def add_samples(settings: Settings, t_env: TableEnvironment, statements: StatementSet, exactly_once: bool,
-                job_id: str) -> None:
-    """Training samples (see sample_sql) into the samples topic, keyed by user."""
+def add_events_source(settings: Settings, t_env: TableEnvironment, name: str, group_id: str,
+                      log_range: LogRange | None, options: dict[str, str] | None = None) -> None:
+    """The events topic as `<name>_raw` (bytes), `<name>_decoded` and `<name>` (well-formed, not late)."""
     k, f = settings.kafka, settings.flink
-    t_env.create_temporary_view("impressions", t_env.sql_query(impressions_sql()))
-    t_env.create_temporary_view("engagements", t_env.sql_query(engagements_sql()))
+    args = decode_args(settings)
+    t_env.execute_sql(events_source_ddl(f"{name}_raw", k.topics.events, k.bootstrap_servers, group_id,
+                                        f.watermark_delay_ms, "RTREC_EVENT_TIME", args,
+                                        {"properties.max.partition.fetch.bytes": str(f.source_fetch_bytes),
+                                         **(connector_options(log_range) if log_range is not None else
+                                            {"scan.startup.mode": "group-offsets",
+                                             "properties.auto.offset.reset": "earliest"}), **(options or {})},
+                                        client=k.security.flink_connector()))
+    t_env.create_temporary_view(f"{name}_decoded", t_env.sql_query(
+        decoded_view_sql(f"{name}_raw", "RTREC_DECODE_EVENT", args)))
+    t_env.create_temporary_view(name, t_env.sql_query(good_events_sql(f"{name}_decoded", f.window_s)))
+
+
+def add_samples(settings: Settings, t_env: TableEnvironment, statements: StatementSet, exactly_once: bool,
+                job_id: str, log_range: LogRange | None) -> None:
+    """Training samples (see sample_sql) into the samples topic, keyed by user.
+
+    They read the events topic through a source of their own that never turns idle. The samples meet
+    rows of several joins, each holding the watermark back by its own bound; once every input had gone
+    idle (a quiet spell longer than flink.idle_timeout_ms), the input without a hold-back ran ahead of the
+    others for good and the window dropped their label and feature rows as late (measured:
+    tests/flink_jobs/test_quiet_period.py). Without idleness a quiet partition delays the samples (never
+    the features, whose source keeps its idle timeout) and loses nothing."""
+    k, f = settings.kafka, settings.flink
+    add_events_source(settings, t_env, "sample_events", f"{f.group_id}-samples", log_range,
+                      {"scan.watermark.idle-timeout": "0 ms"})
+    t_env.create_temporary_view("impressions", t_env.sql_query(impressions_sql("sample_events")))
+    t_env.create_temporary_view("engagements", t_env.sql_query(engagements_sql("sample_events")))
     parts = [base_rows_sql(), label_rows_sql(f.attribution_window_s)]
     for entity in ("user", "item"):
         for h in HORIZONS_S:
             view = f"f_{entity}_{h}"
-            t_env.create_temporary_view(view, t_env.sql_query(feature_window_sql(entity, h, slide_s(f, h))))
+            t_env.create_temporary_view(view, t_env.sql_query(feature_window_sql(entity, h, slide_s(f, h),
+                                                                                     "sample_events")))
             parts.append(feature_rows_sql(view, entity, h, slide_s(f, h)))
     t_env.create_temporary_view("sample_rows", t_env.sql_query("\nUNION ALL\n".join(parts)))
     t_env.execute_sql(avro_sink_ddl("samples_sink", "TrainingSample", k.topics.samples, k.bootstrap_servers,

@@ -26,10 +26,10 @@ def interval(seconds: int) -> str:
     return f"INTERVAL '{seconds}' SECOND({max(2, len(str(seconds)))})"
 
 
-def window_table(size_s: int, slide_s: int) -> str:
+def window_table(size_s: int, slide_s: int, source: str = "events") -> str:
     if slide_s >= size_s:
-        return f"TUMBLE(TABLE events, DESCRIPTOR(event_time), {interval(size_s)})"
-    return f"HOP(TABLE events, DESCRIPTOR(event_time), {interval(slide_s)}, {interval(size_s)})"
+        return f"TUMBLE(TABLE {source}, DESCRIPTOR(event_time), {interval(size_s)})"
+    return f"HOP(TABLE {source}, DESCRIPTOR(event_time), {interval(slide_s)}, {interval(size_s)})"
 
 
 def window_sql(entity_type: str, size_s: int, slide_s: int) -> str:

@@ -24,16 +24,16 @@ _NULL_FEATURES = ", ".join(f"CAST(NULL AS DOUBLE) AS f_{a}" for a in AGGREGATES)
 _ROW_HEAD = "i.event_id, i.user_id, i.item_id, i.`position`, i.event_time_ms, i.event_time AS t"
 
 
-def impressions_sql() -> str:
-    return ("SELECT event_id, user_id, item_id, `position`, event_time_ms, event_time FROM events "
+def impressions_sql(source: str) -> str:
+    return (f"SELECT event_id, user_id, item_id, `position`, event_time_ms, event_time FROM {source} "
             "WHERE event_type = 'impression'")
 
 
-def engagements_sql() -> str:
-    return "SELECT user_id, item_id, event_time FROM events WHERE event_type <> 'impression'"
+def engagements_sql(source: str) -> str:
+    return f"SELECT user_id, item_id, event_time FROM {source} WHERE event_type <> 'impression'"
 
 
-def feature_window_sql(entity_type: str, size_s: int, slide_s: int) -> str:
+def feature_window_sql(entity_type: str, size_s: int, slide_s: int, source: str) -> str:
     key = ENTITY_KEYS[entity_type]
     imps = "COUNT(*) FILTER (WHERE event_type = 'impression')"
     clicks = "COUNT(*) FILTER (WHERE event_type = 'click')"
@@ -41,7 +41,7 @@ def feature_window_sql(entity_type: str, size_s: int, slide_s: int) -> str:
   {imps} AS impressions, {clicks} AS clicks, COUNT(*) FILTER (WHERE event_type = 'like') AS likes,
   CASE WHEN {imps} > 0 THEN CAST({clicks} AS DOUBLE) / {imps} ELSE 0.0 END AS ctr,
   CASE WHEN COUNT(dwell_ms) > 0 THEN CAST(SUM(dwell_ms) AS DOUBLE) / COUNT(dwell_ms) ELSE 0.0 END AS dwell_mean_ms
-FROM TABLE({window_table(size_s, slide_s)})
+FROM TABLE({window_table(size_s, slide_s, source)})
 GROUP BY window_start, window_end, window_time, {key}"""
 
 
