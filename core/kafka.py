@@ -12,8 +12,8 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicCollection, TopicPartition
+from confluent_kafka.admin import AclOperation, AdminClient, NewTopic
 
 log = logging.getLogger("rtrec.kafka")
 
@@ -35,6 +35,39 @@ def ensure_topics(bootstrap: str, topics: Iterable[str], partitions: int = 2, ti
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise RuntimeError(f"cannot create topic {topic}: {exc}") from exc
+
+
+def denied_topic_operations(bootstrap: str, needs: Mapping[str, Iterable[str]], timeout_s: float = 15.0,
+                            security: Mapping[str, str] | None = None) -> dict[str, list[str]]:
+    """Of the operations `needs` names per topic (READ, WRITE, ...), those the brokers say this client's
+    principal is not allowed (KIP-430's authorized operations; a broker without an authorizer allows
+    all). A topic the principal may not even describe lacks DESCRIBE as well. A topic that does not
+    exist yet, or a cluster that does not answer in time, is not judged: an empty answer means no ACL
+    is known to be missing."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(security or {})})
+    futures = admin.describe_topics(TopicCollection(list(needs)), request_timeout=timeout_s,
+                                    include_authorized_operations=True)
+    denied: dict[str, list[str]] = {}
+    for topic, future in futures.items():
+        wanted = list(dict.fromkeys(needs[topic]))
+        try:
+            allowed = future.result(timeout=timeout_s + 5).authorized_operations
+        except KafkaException as exc:
+            if exc.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                denied[topic] = list(dict.fromkeys([*wanted, "DESCRIBE"]))
+            continue
+        except TimeoutError:  # judged later, by the clients' own errors
+            continue
+        if allowed is None:  # a broker too old to say
+            continue
+        names = {op.name for op in (AclOperation if AclOperation.ALL in allowed else allowed)}
+        if missing := [op for op in wanted if op not in names]:
+            denied[topic] = missing
+    return denied
+
+
+class KafkaAuthorizationError(PermissionError):
+    """An ACL the pipeline needs is missing: no retry helps, a person must grant it."""
 
 
 class KafkaAuthenticationError(KafkaException):

@@ -9,6 +9,7 @@ from typing import Any
 
 from core.log_range import LogRange
 from core.settings import Settings
+from flink_jobs.access import check_job_acls
 from flink_jobs.environment import table_environment
 from flink_jobs.feature_job import build_job
 
@@ -32,7 +33,9 @@ def start_job(settings: Settings, resume: bool = True, log_range: LogRange | Non
               job_id: str = "features", with_samples: bool = True, streaming: bool = True) -> Any:
     """Submits the job to the embedded mini-cluster and returns its TableResult (the job runs on).
 
-    Without `log_range` the job runs live from the group's offsets; with one it reads that range and ends."""
+    Without `log_range` the job runs live from the group's offsets; with one it reads that range and ends.
+    A missing Kafka ACL raises KafkaAuthorizationError before anything starts."""
+    check_job_acls(settings.kafka, with_samples=with_samples)
     t_env = table_environment(settings, streaming=streaming)
     if log_range is not None:
         # A bounded replay runs hours of event time per second: a partition that pauses for the idle

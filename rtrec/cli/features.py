@@ -249,8 +249,10 @@ def submit(settings: Settings, jobmanager: str | None, parallelism: int | None, 
     """Submit the job to a Flink 2.2 session cluster: its graph is built here and its jars go with it; the
     cluster needs no Python (every operator runs in the JVM). The job reads its settings from the same
     RTREC_* env vars and --config file as this command."""
+    from flink_jobs.access import check_job_acls
     from flink_jobs.session_cluster import SessionClusterError
 
+    check_job_acls(settings.kafka, with_samples=not no_samples)
     cluster = _session_cluster(settings, jobmanager)
     if cluster.running_jobs():
         raise click.ClickException(f"{cluster.url} already runs the feature job {cluster.running_jobs()[0]}; "

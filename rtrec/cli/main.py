@@ -9,7 +9,7 @@ import click
 import redis
 from confluent_kafka import KafkaError, KafkaException
 
-from core.kafka import KafkaAuthenticationError
+from core.kafka import KafkaAuthenticationError, KafkaAuthorizationError
 from core.settings import Settings, load_settings
 from rtrec.cli.backfill import backfill_command
 from rtrec.cli.demo import demo_command
@@ -32,6 +32,8 @@ class RtrecGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except KafkaAuthorizationError as exc:
+            raise click.ClickException(str(exc)) from exc
         except (KafkaException, redis.AuthenticationError) as exc:
             said = refusal(ctx.obj if isinstance(ctx.obj, Settings) else load_settings(), exc)
             if said is None:

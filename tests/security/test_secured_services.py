@@ -2,8 +2,9 @@
 written at format time, the StandardAuthorizer, ACLs for the pipeline's user) and Redis on TLS only
 with one ACL user. The whole loop (events -> feature job -> features and samples topics -> loader ->
 Redis -> trainer -> promoted snapshot) runs against them through the settings file the command
-writes; unauthenticated, wrong-password and out-of-bounds clients are refused; and no password appears
-in any output, log, checkpoint, snapshot or in the Flink REST API's view of the job."""
+writes; unauthenticated, wrong-password and out-of-bounds clients are refused; a user without the
+WRITE ACL on the features topic makes the job fail with a message naming that ACL; and no password
+appears in any output, log, checkpoint, snapshot or in the Flink REST API's view of the job."""
 
 from __future__ import annotations
 
@@ -23,16 +24,20 @@ import redis
 from click.testing import CliRunner
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import (
+    AclBinding,
     AclBindingFilter,
     AclOperation,
     AclPermissionType,
     AdminClient,
     ResourcePatternType,
     ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
 )
 from pydantic import SecretStr
 
-from core.settings import ServicesSettings, Settings, load_settings
+from core.settings import KafkaSecuritySettings, ServicesSettings, Settings, load_settings
 from flink_jobs.monitor import RunningJob
 from rtrec.cli.main import cli
 from rtrec.services import manager
@@ -47,6 +52,8 @@ pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(any(shutil.which(b) is None for b in ("java", "openssl", "redis-server")),
                                  reason="needs java, openssl and redis-server")]
 
+NO_WRITE_USER = "rtrec-no-write"
+NO_WRITE_PASSWORD = "no-write-pw-93b1-not-in-any-output"
 # Files that hold a password by design (the credentials themselves, the servers' mode-600 configs)
 HOLDS_SECRETS = re.compile(r"(\.password|server\.properties|redis\.conf|\.key|keystore\.pem)$")
 
@@ -154,6 +161,46 @@ def test_the_whole_loop_runs_secured_and_no_password_is_written_anywhere(secured
     assert not [s for s in secrets if s in out]
     leaked = files_with(tmp_path, secrets) + files_with(secured.cfg.state_dir, secrets)
     assert not leaked, leaked
+
+
+def _no_write_user(secured: Secured, s: Settings) -> KafkaSecuritySettings:
+    """A second user with the pipeline's ACLs but for WRITE on the features topic."""
+    admin = secured.admin()
+    info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
+    for future in admin.alter_user_scram_credentials(
+            [UserScramCredentialUpsertion(NO_WRITE_USER, info, NO_WRITE_PASSWORD.encode())]).values():
+        future.result()
+    principal, t = f"User:{NO_WRITE_USER}", s.kafka.topics
+    grants = [binding for binding in pipeline_acls(secured.cfg) if binding.restype != ResourceType.TOPIC]
+    grants = [AclBinding(b.restype, b.name, b.resource_pattern_type, principal, "*", b.operation, b.permission_type)
+              for b in grants]
+    for topic, ops in ((t.events, ("READ", "DESCRIBE")), (t.features, ("READ", "DESCRIBE")),
+                       (t.samples, ("WRITE", "DESCRIBE")),
+                       (t.dead_letter, ("WRITE", "DESCRIBE", "READ"))):  # `features run` tallies dead letters
+        grants += [AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, principal, "*",
+                              AclOperation[op], AclPermissionType.ALLOW) for op in ops]
+    for future in admin.create_acls(grants, request_timeout=30).values():
+        future.result()
+    return s.kafka.security.model_copy(update={"username": NO_WRITE_USER, "password_file": None,
+                                               "password": SecretStr(NO_WRITE_PASSWORD)})
+
+
+def test_a_user_without_write_on_the_features_topic_fails_the_job_naming_the_acl(secured: Secured,
+                                                                                tmp_path: Path) -> None:
+    base = secured.client()
+    s = job_settings(base.model_copy(update={"kafka": base.kafka.model_copy(update={
+        "topics": base.kafka.topics.suffixed(f"acl{os.getpid()}")})}), checkpoint_dir=tmp_path / "checkpoints",
+        log_dir=tmp_path / "flink-logs", max_restarts=1, restart_delay_ms=500, group_id="rtrec-features-acl")
+    create_topics(s)
+    produce(s, [event(f"e{i}", "impression", f"u{i % 3}", "i1", i * 1000) for i in range(12)])
+    denied = s.model_copy(update={"kafka": s.kafka.model_copy(update={"security": _no_write_user(secured, s)})})
+    env = {**os.environ, **env_of(denied), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "rtrec", "features", "run", "--fresh", "--no-loader"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out[-3000:]
+    assert (f"Kafka user {NO_WRITE_USER} lacks the WRITE ACL on topic {s.kafka.topics.features}" in out), out[-3000:]
+    assert NO_WRITE_PASSWORD not in out and not files_with(tmp_path, [NO_WRITE_PASSWORD])
 
 
 def test_the_flink_rest_api_shows_no_password(secured: Secured, tmp_path: Path) -> None:
