@@ -120,6 +120,41 @@ def service_throughput(settings: Settings, n: int) -> None:
          summary.samples_trained)
 
 
+def ranks_throughput(settings: Settings, n: int, rank_counts: list[int], partitions: int = 6) -> None:
+    """Samples/s of the service as 1, 2, 3 torchrun ranks from a backlog (gpu_trainer.distributed), from
+    the ranks' start (after torch's import and the rendezvous) to the final snapshot, less the idle exit."""
+    import os
+    import re
+    import subprocess
+    from datetime import datetime
+
+    from core.kafka import ensure_topics
+    from tests.faults.runs import ROOT, env_of
+
+    idle_s = 2.0
+    for ranks in rank_counts:
+        s = isolated(settings, batch_size=4096, snapshot_every_samples=10**9, snapshot_every_s=600.0)
+        ensure_topics(s.kafka.bootstrap_servers, [s.kafka.topics.samples], partitions)
+        produce_samples(s, make_samples(n, seed=9))
+        print(f"ranks {ranks}: training {n} samples from {partitions} partitions", file=sys.stderr, flush=True)
+        env = {**os.environ, **env_of(s), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               f"--nproc-per-node={ranks}", "-m", "rtrec", "train", "run", "--idle-exit", str(idle_s)],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            raise RuntimeError(done.stdout[-2000:] + done.stderr[-2000:])
+        log = done.stdout + done.stderr
+        starts = [datetime.strptime(m, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                  for m in re.findall(r"^(\S+ \S+) rtrec.trainer (?:rank \d+ of \d+ consumes|consuming)", log, re.M)]
+        store = SnapshotStore(s.trainer.snapshot_dir)
+        final = store.manifest(store.latest_version())
+        took = final.created_at / 1000 - min(starts) - idle_s
+        emit("trainer", f"service_samples_per_s_mf_b4096_ranks{ranks}", final.samples_seen / took, "samples/s",
+             final.samples_seen)
+        emit("trainer", f"ingest_samples_per_s_per_rank_ranks{ranks}", final.samples_seen / took / ranks, "samples/s",
+             final.samples_seen)
+
+
 def freshness(settings: Settings, seconds: float, rate: float) -> None:
     s = isolated(settings, snapshot_every_s=1.0, snapshot_every_samples=10**9, batch_timeout_ms=100,
                  keep_last=10**6, promotion_margin=1.0)
@@ -192,6 +227,7 @@ def main() -> None:
     shadow_cost([(), ("plain", "ema"), ("plain", "ema", "ewc", "ema+ewc")], 4096, args.step_seconds)
     with services(load_settings(), own=not args.use_running_services) as settings:
         service_throughput(settings, 200_000)
+        ranks_throughput(settings, 200_000, [1, 2, 3])
         freshness(settings, args.seconds, args.rate)
 
 

@@ -50,6 +50,20 @@ class Batch:
                      None if self.user_hash is None else self.user_hash[:rows],
                      None if self.item_hash is None else self.item_hash[:rows])
 
+    @classmethod
+    def concat(cls, parts: Sequence[Batch]) -> Batch:
+        """The rows of `parts`, in order (empty parts add nothing)."""
+        kept = [p for p in parts if len(p)] or list(parts[:1])
+
+        def hashes(name: str) -> np.ndarray | None:
+            arrays = [getattr(p, name) for p in kept]
+            return None if any(a is None for a in arrays) else np.concatenate(arrays)
+
+        return cls(*(torch.cat([getattr(p, n) for p in kept]) for n in ("user_idx", "item_idx", "dense", "label",
+                                                                        "event_time_ms")),
+                   sample_hash=np.concatenate([p.sample_hash for p in kept]), user_hash=hashes("user_hash"),
+                   item_hash=hashes("item_hash"))
+
     def to(self, device: torch.device, non_blocking: bool = False) -> Batch:
         if device.type == "cuda":
             move = {k: getattr(self, k).pin_memory().to(device, non_blocking=non_blocking)
@@ -100,6 +114,12 @@ class Columns:
 
     def __len__(self) -> int:
         return len(self.label)
+
+    @classmethod
+    def concat(cls, parts: Sequence[Columns]) -> Columns:
+        """The rows of `parts`, in order (empty parts, whatever their width, add nothing)."""
+        kept = [p for p in parts if len(p)] or list(parts[:1])
+        return cls(*(np.concatenate([getattr(p, f) for p in kept]) for f in _COLUMN_FIELDS))
 
     def select(self, mask: np.ndarray) -> Columns:
         return Columns(*(getattr(self, f)[mask] for f in _COLUMN_FIELDS))

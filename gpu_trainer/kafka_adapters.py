@@ -13,6 +13,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 
 from core.kafka import cached_lag, ensure_topics, producer_config
 from core.settings import KafkaSettings, TrainerSettings
+from gpu_trainer.distributed import Ranks
 from schemas.dead_letter import Reject, dead_letter
 from schemas.kafka_io import AvroConsumer, AvroProducer, ConsumedBatch, read_topic
 
@@ -27,8 +28,10 @@ class KafkaSampleSource:
     the samples polled since the snapshot are already in the model."""
 
     def __init__(self, bootstrap: str, topic: str, group_id: str, instance_id: str | None = None,
-                 session_timeout_ms: int = 10_000, security: Mapping[str, str] | None = None) -> None:
+                 session_timeout_ms: int = 10_000, security: Mapping[str, str] | None = None,
+                 ranks: Ranks | None = None) -> None:
         self.topic = topic
+        self.ranks = ranks  # given: this rank's share of the partitions, assigned without the group protocol
         self.start_offsets: dict[tuple[str, int], int] = {}
         self.assigned: set[int] = set()
         self._consumer = AvroConsumer(bootstrap, group_id, None, "TrainingSample", keep_rejected_values=True,
@@ -37,13 +40,31 @@ class KafkaSampleSource:
                                          **(security or {})})
 
     @classmethod
-    def from_settings(cls, kafka: KafkaSettings, trainer: TrainerSettings) -> KafkaSampleSource:
+    def from_settings(cls, kafka: KafkaSettings, trainer: TrainerSettings,
+                      ranks: Ranks | None = None) -> KafkaSampleSource:
         return cls(kafka.bootstrap_servers, kafka.topics.samples, trainer.group_id, trainer.instance_id,
-                   trainer.session_timeout_ms, kafka.security.librdkafka())
+                   trainer.session_timeout_ms, kafka.security.librdkafka(), ranks)
 
     def start(self, positions: Mapping[tuple[str, int], int]) -> None:
         self.start_offsets = dict(positions)
-        self._consumer.raw.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
+        if self.ranks is None:
+            self._consumer.raw.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
+            return
+        mine = [TopicPartition(self.topic, p) for p in self.ranks.partitions(self._partition_count())]
+        self._on_assign(self._consumer.raw, mine)
+        log.info("rank %d of %d consumes partitions %s", self.ranks.rank, self.ranks.world,
+                 sorted(self.assigned) or "none (it still takes part in every round)")
+
+    def _partition_count(self, timeout_s: float = 120.0) -> int:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            topic = self._consumer.raw.list_topics(self.topic, timeout=10).topics.get(self.topic)
+            if topic is not None and topic.error is None and topic.partitions:
+                return len(topic.partitions)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"topic {self.topic} does not exist after {timeout_s:.0f} s: the ranks split its "
+                                   "partitions, so it must exist first (rtrec demo and the tests create it)")
+            time.sleep(1.0)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:

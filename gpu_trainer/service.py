@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from core.settings import Settings, TrainerSettings
 from gpu_trainer.base import ModelPointer, Positions, SampleSource, TrainerOutputs
-from gpu_trainer.batch import Columns
+from gpu_trainer.batch import Batch, Columns
+from gpu_trainer.distributed import Agreed, Ranks, Round, combine
 from gpu_trainer.learner import Learner
 from gpu_trainer.publisher import SnapshotPublisher, restore
 from gpu_trainer.shadow import ShadowLearners
@@ -48,8 +50,11 @@ def make_learner(cfg: TrainerSettings, n_features: int) -> Learner | ShadowLearn
 class TrainerService:
     def __init__(self, cfg: TrainerSettings, source: SampleSource, outputs: TrainerOutputs, pointer: ModelPointer,
                  store: SnapshotStore, n_features: int = len(FEATURE_NAMES), metrics: TrainerMetrics | None = None,
-                 learner: Learner | ShadowLearners | None = None, metrics_host: str = "127.0.0.1") -> None:
+                 learner: Learner | ShadowLearners | None = None, metrics_host: str = "127.0.0.1",
+                 ranks: Ranks | None = None) -> None:
         self.cfg = cfg
+        self.ranks = ranks  # torchrun's ranks (gpu_trainer.distributed); None: one process
+        self.leads = ranks is None or ranks.leader  # writes the snapshots, serves the metrics
         self.metrics_host = metrics_host
         self.source = source
         self.outputs = outputs
@@ -81,9 +86,10 @@ class TrainerService:
         from gpu_trainer.model_registry import ModelRegistry
 
         registry = ModelRegistry.from_settings(settings.trainer, settings.redis)
-        return cls(settings.trainer, KafkaSampleSource.from_settings(settings.kafka, settings.trainer),
+        ranks = Ranks.from_env()
+        return cls(settings.trainer, KafkaSampleSource.from_settings(settings.kafka, settings.trainer, ranks),
                    KafkaTrainerOutputs.from_settings(settings.kafka).open(), registry, registry.store,
-                   metrics_host=settings.services.metrics_host)
+                   metrics_host=settings.services.metrics_host, ranks=ranks)
 
     def _restore(self, version: int) -> Manifest:
         manifest = restore(self.store, version, self.learner)
@@ -101,7 +107,7 @@ class TrainerService:
         and learns which dead letters the samples after the snapshot already got, so that reading
         them again writes none twice. `run` calls it unless it was called already."""
         self._resumed = True
-        for debris in self.store.sweep_temporary():
+        for debris in self.store.sweep_temporary() if self.leads else []:
             log.warning("removed %s, left by an interrupted snapshot write", debris)
         skipped: list[str] = []
         manifest = None
@@ -132,29 +138,28 @@ class TrainerService:
             self.resume()
         self.source.start(self.positions)
         log.info("consuming %s from %s", self.source.topic, self.positions or "the beginning")
-        if self.cfg.metrics_port:
+        if self.cfg.metrics_port and self.leads:
             self.metrics.serve(self.cfg.metrics_port, self.metrics_host)
+        # the ranks' polls together make one micro-batch of the configured size
+        per_poll = math.ceil(self.cfg.batch_size / (self.ranks.world if self.ranks else 1))
         last_input = time.monotonic()
         try:
-            while not should_stop():
-                if max_samples is not None and self.learner.samples_trained >= max_samples:
-                    break
-                polled = self.source.poll(self.cfg.batch_size, self.cfg.batch_timeout_ms / 1000.0)
-                columns = Columns.from_records(polled.records, width=self.n_features)
-                good, rejects = check_samples(columns, self.n_features, FEATURE_SET, self.source.topic,
-                                              self.cfg.max_id_length)
-                self._dead_letter(polled.rejected + rejects)
-                if good.any():
-                    self._train(columns.select(good))
-                if polled.offsets or not self.source.has_partitions():  # idle counts once partitions are ours
+            while True:
+                stop = should_stop() or (max_samples is not None and self.learner.samples_trained >= max_samples)
+                mine, own = self._poll(per_poll, stop, last_input)
+                if mine.idle_s == 0.0:
                     last_input = time.monotonic()
-                if polled.offsets:
-                    self.positions.update(polled.offsets)
+                agreed = self._agree(mine)
+                self._count_dead_letters(agreed.dead_lettered)
+                if len(agreed.batch):
+                    self._train(agreed.batch, own)
+                if agreed.offsets:
+                    self.positions.update(agreed.offsets)
                     self._dirty = True
                 self._update_gauges()
-                if self._snapshot_due():
+                if agreed.snapshot_due:
                     self.checkpoint()
-                if idle_exit_s is not None and time.monotonic() - last_input > idle_exit_s:
+                if agreed.stop or (idle_exit_s is not None and agreed.idle_s > idle_exit_s):
                     break
         except KeyboardInterrupt:
             log.info("interrupted: writing a final snapshot")
@@ -168,9 +173,41 @@ class TrainerService:
         return RunSummary(self.learner.samples_trained, self.dead_lettered, self.written, self.promoted,
                           self.resumed_from)
 
-    def _dead_letter(self, rejects: list[Reject]) -> None:
-        """Counts every reject; writes those not dead-lettered before (a restart reads again what came
-        after its snapshot: their dead letters were written already, their count was not kept)."""
+    def _poll(self, max_records: int, stop: bool, last_input: float) -> tuple[Round, Columns]:
+        """This process's part of a round: what it polled (nothing once it is to stop), checked, its
+        rejects dead-lettered; and its good samples as columns."""
+        good = Columns.from_records([], width=self.n_features)
+        offsets: Positions = {}
+        rejected = 0
+        if not stop:
+            polled = self.source.poll(max_records, self.cfg.batch_timeout_ms / 1000.0)
+            columns = Columns.from_records(polled.records, width=self.n_features)
+            ok, rejects = check_samples(columns, self.n_features, FEATURE_SET, self.source.topic,
+                                        self.cfg.max_id_length)
+            self._write_dead_letters(polled.rejected + rejects)
+            good, offsets, rejected = columns.select(ok), polled.offsets, len(polled.rejected) + len(rejects)
+        if offsets:
+            idle_s = 0.0
+        elif not self.source.has_partitions():
+            # one process: idle counts once the group gave it partitions; a rank without any (more ranks
+            # than partitions) is never the one that keeps the others from idling out
+            idle_s = math.inf if self.ranks is not None else 0.0
+        else:
+            idle_s = time.monotonic() - last_input
+        batch = good.to_batch(self.cfg.user_buckets, self.cfg.item_buckets)
+        return Round(batch, offsets, rejected, idle_s, stop, self._snapshot_due()), good
+
+    def _agree(self, mine: Round) -> Agreed:
+        return self.ranks.exchange(mine) if self.ranks is not None else combine([mine])
+
+    def _count_dead_letters(self, n: int) -> None:
+        if n:
+            self.dead_lettered += n
+            self.metrics.dead_lettered.inc(n)
+
+    def _write_dead_letters(self, rejects: list[Reject]) -> None:
+        """Writes those not dead-lettered before (a restart reads again what came after its snapshot:
+        their dead letters were written already, their count was not kept)."""
         if not rejects:
             return
         keyed = [r if r.key is not None else replace(r, key=f"{r.topic}:{r.partition}:{r.offset}".encode())
@@ -178,28 +215,28 @@ class TrainerService:
         new = [r for r in keyed if r.key not in self._already_dead_lettered]
         if new:
             self.outputs.dead_letter(new)
-        self.dead_lettered += len(rejects)
-        self.metrics.dead_lettered.inc(len(rejects))
 
-    def _train(self, columns: Columns) -> None:
+    def _train(self, batch: Batch, own: Columns) -> None:
+        """Learns from `batch`; `own`: the part of it this process polled (all of it, but for ranks)."""
         began = time.monotonic()
         switches = len(self.learner.gate.switches) if isinstance(self.learner, ShadowLearners) else 0
-        result = self.learner.step(columns.to_batch(self.cfg.user_buckets, self.cfg.item_buckets))
+        result = self.learner.step(batch)
         took = time.monotonic() - began
         if isinstance(self.learner, ShadowLearners) and len(self.learner.gate.switches) > switches:
             switch = self.learner.gate.switches[-1]
             log.info("shadow learners: publishing %s instead of %s: %s", switch["to"], switch["from"],
                      switch["reason"])
         if not result.trained:  # non-finite loss: the batch is not learned from, so it is dead-lettered
-            self._dead_letter([Reject(f"sample {sid}: non-finite training loss", self.source.topic,
-                                      key=sample_key(str(sid))) for sid in columns.sample_id])
+            self._write_dead_letters([Reject(f"sample {sid}: non-finite training loss", self.source.topic,
+                                             key=sample_key(str(sid))) for sid in own.sample_id])
+            self._count_dead_letters(len(batch))
             return
         self.metrics.batch_latency.observe(took)
-        self.metrics.samples.inc(len(columns))
-        self.metrics.samples_per_s.set(len(columns) / max(took, 1e-9))
-        newest = int(columns.event_time_ms.max())
+        self.metrics.samples.inc(len(batch))
+        self.metrics.samples_per_s.set(len(batch) / max(took, 1e-9))
+        newest = int(batch.event_time_ms.max())
         self.newest_event_ms = max(self.newest_event_ms or newest, newest)
-        self._since_snapshot += len(columns)
+        self._since_snapshot += len(batch)
 
     def _snapshot_due(self) -> bool:
         if not self._dirty:
@@ -234,16 +271,33 @@ class TrainerService:
         self._since_snapshot = 0
         self._dirty = False
         self._last_snapshot_at = time.monotonic()
+        if self.ranks is not None:
+            if not self.learner.weights_are_finite():  # each rank ends; torchrun restarts them from the snapshot
+                raise RuntimeError(f"the model's weights became non-finite after snapshot v{self.version}")
+            if not self.ranks.same_weights(self.learner.state_arrays()):
+                raise RuntimeError("the ranks' replicas of the model differ; restarting them from the snapshot")
+            # promotion consolidates EWC: every replica must take rank 0's decision
+            promoted = self.ranks.from_leader(self._promotes() if self.leads else None)
+            if promoted:
+                self.learner.consolidate()
+            return self._publish(promoted) if self.leads else None
         if not self.learner.weights_are_finite():
             log.error("non-finite weights: not publishing; reverting to snapshot v%s", self.version)
             self._revert()
             return None
         self._reverts = 0
-        published, trained = self.learner.published_prequential, self.learner.prequential
-        auc, loss = published.auc(), published.logloss()
-        promoted = should_promote(auc, self.publisher.current_auc(), self.cfg.promotion_margin)
+        promoted = self._promotes()
         if promoted:
             self.learner.consolidate()
+        return self._publish(promoted)
+
+    def _promotes(self) -> bool:
+        return should_promote(self.learner.published_prequential.auc(), self.publisher.current_auc(),
+                              self.cfg.promotion_margin)
+
+    def _publish(self, promoted: bool) -> Manifest:
+        published, trained = self.learner.published_prequential, self.learner.prequential
+        auc, loss = published.auc(), published.logloss()
         manifest = Manifest(
             version=max(self.version, self.store.highest_taken()) + 1, parent=self.version or None,
             created_at=now_ms(),

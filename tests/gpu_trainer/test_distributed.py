@@ -1,0 +1,112 @@
+"""The trainer as torch.distributed ranks under torchrun (gloo, CPU) against the real broker: the ranks
+split the samples topic's partitions and train one model; its snapshots hold every partition's offset
+and train each sample exactly once, also when a rank is killed with SIGKILL mid-run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from core.kafka import ensure_topics
+from core.settings import Settings
+from gpu_trainer.snapshots import Manifest, SnapshotStore
+from tests.faults.runs import ROOT, env_of
+from tests.gpu_trainer.samples import digest, make_samples, produce_samples
+from tests.gpu_trainer.test_service_kafka import trainer_settings
+
+pytestmark = pytest.mark.integration
+PARTITIONS = 3  # two ranks: one with two partitions, one with one
+
+
+def torchrun(s: Settings, log: Path, ranks: int, *args: str, max_restarts: int = 0) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+                             f"--max-restarts={max_restarts}", "-m", "rtrec", "train", "run", *args],
+                            cwd=ROOT, env={**os.environ, **env_of(s), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def settings_for(settings: Settings, tmp_path: Path, name: str) -> Settings:
+    s = trainer_settings(settings.namespaced(name), tmp_path / name, group_id=f"trainer-{name}-{tmp_path.name}")
+    ensure_topics(s.kafka.bootstrap_servers, [s.kafka.topics.samples], PARTITIONS)
+    return s
+
+
+def final_manifest(s: Settings) -> Manifest:
+    store = SnapshotStore(s.trainer.snapshot_dir)
+    return store.manifest(store.latest_version())
+
+
+def test_two_ranks_train_every_sample_once_into_one_model(settings: Settings, tmp_path: Path) -> None:
+    samples = make_samples(6000)
+    single, ranked = settings_for(settings, tmp_path, "single"), settings_for(settings, tmp_path, "ranked")
+    for s in (single, ranked):
+        produce_samples(s, samples)
+
+    log = tmp_path / "train.log"
+    one = subprocess.run([sys.executable, "-m", "rtrec", "train", "run", "--idle-exit", "3"], cwd=ROOT,
+                         env={**os.environ, **env_of(single), "PYTHONPATH": str(ROOT)}, capture_output=True, timeout=300)
+    assert one.returncode == 0, one.stderr.decode()[-3000:]
+    two = torchrun(ranked, log, 2, "--idle-exit", "3")
+    assert two.wait(300) == 0, log.read_text()[-4000:]
+
+    text = log.read_text()
+    assert "rank 0 of 2 consumes partitions [0, 2]" in text and "rank 1 of 2 consumes partitions [1]" in text, text
+    alone, together = final_manifest(single), final_manifest(ranked)
+    assert (together.samples_seen, together.sample_digest) == (6000, digest(samples))
+    assert sorted((o["partition"], o["offset"]) for o in together.offsets) == \
+        sorted((o["partition"], o["offset"]) for o in alone.offsets)
+    assert sum(o["offset"] for o in together.offsets) == 6000
+    # the same samples in other micro-batches: the model's quality within noise of one process's
+    assert together.metrics["auc"] > 0.6 and abs(together.metrics["auc"] - alone.metrics["auc"]) < 0.03
+
+
+def rank_pids(launcher: subprocess.Popen) -> dict[int, int]:
+    """RANK -> pid of torchrun's workers (its children that carry RANK in their environment)."""
+    found: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            parent = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, StopIteration):
+            continue
+        if parent == launcher.pid:
+            rank = next((v.split(b"=", 1)[1] for v in environ if v.startswith(b"RANK=")), None)
+            if rank is not None:
+                found[int(rank)] = int(entry.name)
+    return found
+
+
+def test_a_rank_killed_mid_run_loses_nothing_and_trains_nothing_twice(settings: Settings, tmp_path: Path) -> None:
+    s = settings_for(settings, tmp_path, "killed")
+    first, second = make_samples(4000), make_samples(4000, seed=1, start=4000)
+    produce_samples(s, first)
+    log = tmp_path / "train.log"
+    launcher = torchrun(s, log, 2, "--idle-exit", "6", max_restarts=1)
+    try:
+        store = SnapshotStore(s.trainer.snapshot_dir)
+        deadline = time.monotonic() + 180
+        while not store.versions() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert store.versions(), log.read_text()[-3000:]
+        victims = rank_pids(launcher)
+        assert sorted(victims) == [0, 1], victims
+        produce_samples(s, second)
+        os.kill(victims[1], signal.SIGKILL)
+        assert launcher.wait(300) == 0, log.read_text()[-4000:]
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert "resumed from snapshot" in text, text[-3000:]
+    final = final_manifest(s)
+    assert (final.samples_seen, final.sample_digest) == (8000, digest(first + second)), text[-3000:]
+    assert sum(o["offset"] for o in final.offsets) == 8000
