@@ -43,7 +43,7 @@ class Round:
     dead_lettered: int  # rejects among what it polled
     idle_s: float  # how long it has polled nothing
     stop: bool  # it was asked to stop (SIGTERM, max samples)
-    snapshot_due: bool = False  # rank 0's say only
+    snapshot_due: bool = False  # by the clock (trainer.snapshot_every_s); rank 0's counts
 
 
 @dataclass

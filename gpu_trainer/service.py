@@ -47,6 +47,12 @@ def make_learner(cfg: TrainerSettings, n_features: int) -> Learner | ShadowLearn
     return ShadowLearners(cfg, n_features) if cfg.shadow_variants else Learner(cfg, n_features)
 
 
+class RanksChanged(RuntimeError):
+    """Other ranks stopped (their torchrun agents were stopped: a scale-down) while this one was not
+    asked to: the snapshot of the round they stopped in is written, and this rank ends non-zero so that
+    its agent restarts it in the smaller membership, from that snapshot."""
+
+
 class TrainerService:
     def __init__(self, cfg: TrainerSettings, source: SampleSource, outputs: TrainerOutputs, pointer: ModelPointer,
                  store: SnapshotStore, n_features: int = len(FEATURE_NAMES), metrics: TrainerMetrics | None = None,
@@ -143,6 +149,7 @@ class TrainerService:
         # the ranks' polls together make one micro-batch of the configured size
         per_poll = math.ceil(self.cfg.batch_size / (self.ranks.world if self.ranks else 1))
         last_input = time.monotonic()
+        others_stopped = False
         try:
             while True:
                 stop = should_stop() or (max_samples is not None and self.learner.samples_trained >= max_samples)
@@ -157,9 +164,10 @@ class TrainerService:
                     self.positions.update(agreed.offsets)
                     self._dirty = True
                 self._update_gauges()
-                if agreed.snapshot_due:
+                if self._snapshot_due(agreed.snapshot_due):
                     self.checkpoint()
                 if agreed.stop or (idle_exit_s is not None and agreed.idle_s > idle_exit_s):
+                    others_stopped = agreed.stop and not mine.stop
                     break
         except KeyboardInterrupt:
             log.info("interrupted: writing a final snapshot")
@@ -170,6 +178,9 @@ class TrainerService:
                 self._finish_publication()
             finally:
                 self.source.close()
+        if others_stopped and self.ranks is not None:
+            raise RanksChanged(f"rank {self.ranks.rank}: other ranks stopped; snapshot v{self.version} holds "
+                               "this round, torchrun restarts this rank in the new membership")
         return RunSummary(self.learner.samples_trained, self.dead_lettered, self.written, self.promoted,
                           self.resumed_from)
 
@@ -195,7 +206,7 @@ class TrainerService:
         else:
             idle_s = time.monotonic() - last_input
         batch = good.to_batch(self.cfg.user_buckets, self.cfg.item_buckets)
-        return Round(batch, offsets, rejected, idle_s, stop, self._snapshot_due()), good
+        return Round(batch, offsets, rejected, idle_s, stop, self._snapshot_time_due()), good
 
     def _agree(self, mine: Round) -> Agreed:
         return self.ranks.exchange(mine) if self.ranks is not None else combine([mine])
@@ -238,11 +249,13 @@ class TrainerService:
         self.newest_event_ms = max(self.newest_event_ms or newest, newest)
         self._since_snapshot += len(batch)
 
-    def _snapshot_due(self) -> bool:
-        if not self._dirty:
-            return False
-        return (self._since_snapshot >= self.cfg.snapshot_every_samples
-                or time.monotonic() - self._last_snapshot_at >= self.cfg.snapshot_every_s)
+    def _snapshot_time_due(self) -> bool:
+        return time.monotonic() - self._last_snapshot_at >= self.cfg.snapshot_every_s
+
+    def _snapshot_due(self, time_due: bool) -> bool:
+        """After a round: its sample count is every rank's; the clock that counts is rank 0's (`time_due`,
+        read as the round began), so all ranks decide alike."""
+        return self._dirty and (self._since_snapshot >= self.cfg.snapshot_every_samples or time_due)
 
     def _update_gauges(self) -> None:
         """Once a second at most: the rolling AUC sorts the whole evaluation window."""

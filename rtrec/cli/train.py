@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import logging
+import sys
+from pathlib import Path
 
 import click
 
 from core.settings import Settings
-from gpu_trainer.service import TrainerService
+from gpu_trainer.service import RanksChanged, TrainerService
 from rtrec.cli.signals import graceful_stop
+
+RANKS_CHANGED_EXIT = 75  # EX_TEMPFAIL: torchrun restarts the rank (--max-restarts) in the new membership
 
 
 @click.group("train")
@@ -34,6 +38,9 @@ def run(settings: Settings, max_samples: int | None, idle_exit_s: float | None, 
         service = TrainerService.from_settings(settings)
         try:
             summary = service.run(max_samples=max_samples, idle_exit_s=idle_exit_s, should_stop=stop.is_set)
+        except RanksChanged as exc:
+            click.echo(str(exc), err=True)
+            sys.exit(RANKS_CHANGED_EXIT)
         finally:
             if service.ranks is not None:
                 service.ranks.close()
@@ -42,3 +49,33 @@ def run(settings: Settings, max_samples: int | None, idle_exit_s: float | None, 
     click.echo(f"trained {summary.samples_trained} samples, dead-lettered {summary.dead_lettered}, "
                f"snapshots {summary.snapshots}, promoted {summary.promoted}, "
                + ("started fresh" if summary.resumed_from is None else f"resumed from v{summary.resumed_from}"))
+
+
+@train_group.command("autoscale")
+@click.option("--interval", "interval_s", type=float, default=10.0, show_default=True,
+              help="Seconds between two readings of the lag.")
+@click.option("--metrics-port", type=int, default=0, help="Serve the lag and rank gauges for Prometheus here.")
+@click.option("--log-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Where the ranks write (default: <services.state_dir>/trainer-ranks.log).")
+@click.pass_obj
+def autoscale(settings: Settings, interval_s: float, metrics_port: int, log_file: Path | None) -> None:
+    """Run the trainer as torchrun ranks, as many as the samples lag calls for (trainer.autoscale: one
+    per lag_per_worker records, min_workers to max_workers, never more than the partitions; cooldowns).
+    SIGTERM or Ctrl-C stops the ranks (a final snapshot) and then itself."""
+    from gpu_trainer.scaling import ScalingPolicy
+    from rtrec.autoscale import Autoscaler, TrainerRanks
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    log_file = log_file or settings.services.state_dir / "trainer-ranks.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    ranks = TrainerRanks({}, log_file, stop_timeout_s=settings.trainer.shutdown_timeout_s + 30)
+    scaler = Autoscaler(settings, ranks, ScalingPolicy(settings.trainer.autoscale))
+    if metrics_port:
+        scaler.serve(metrics_port)
+    click.echo(f"autoscaling the trainer ranks (log: {log_file}); Ctrl-C stops them")
+    try:
+        with graceful_stop(settings.trainer.shutdown_timeout_s + 60) as stop:
+            scaler.run(interval_s, stop.is_set)
+    finally:
+        code = ranks.stop()
+    click.echo(f"stopped the trainer ranks (exit code {code})")

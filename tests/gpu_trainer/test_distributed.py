@@ -49,8 +49,8 @@ def test_two_ranks_train_every_sample_once_into_one_model(settings: Settings, tm
         produce_samples(s, samples)
 
     log = tmp_path / "train.log"
-    one = subprocess.run([sys.executable, "-m", "rtrec", "train", "run", "--idle-exit", "3"], cwd=ROOT,
-                         env={**os.environ, **env_of(single), "PYTHONPATH": str(ROOT)}, capture_output=True, timeout=300)
+    one = subprocess.run([sys.executable, "-m", "rtrec", "train", "run", "--idle-exit", "3"], cwd=ROOT, timeout=300,
+                         env={**os.environ, **env_of(single), "PYTHONPATH": str(ROOT)}, capture_output=True)
     assert one.returncode == 0, one.stderr.decode()[-3000:]
     two = torchrun(ranked, log, 2, "--idle-exit", "3")
     assert two.wait(300) == 0, log.read_text()[-4000:]
