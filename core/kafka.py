@@ -19,14 +19,16 @@ log = logging.getLogger("rtrec.kafka")
 
 
 def ensure_topics(bootstrap: str, topics: Iterable[str], partitions: int = 2, timeout_s: float = 30.0,
-                  security: Mapping[str, str] | None = None) -> None:
-    """Creates the topics that do not exist yet (replication factor 1: a single-node broker).
+                  security: Mapping[str, str] | None = None, per_topic: Mapping[str, int] | None = None) -> None:
+    """Creates the topics that do not exist yet (replication factor 1: a single-node broker), with
+    `partitions` each or their count in `per_topic`.
 
     `security`, here and below: the client's authentication and TLS properties
     (`KafkaSecuritySettings.librdkafka()`)."""
     admin = AdminClient({"bootstrap.servers": bootstrap, **(security or {})})
     existing = set(admin.list_topics(timeout=timeout_s).topics)
-    missing = [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics if t not in existing]
+    missing = [NewTopic(t, num_partitions=(per_topic or {}).get(t, partitions), replication_factor=1)
+               for t in topics if t not in existing]
     if not missing:
         return
     for topic, future in admin.create_topics(missing, request_timeout=timeout_s).items():

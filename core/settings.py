@@ -235,11 +235,27 @@ class KafkaSettings(Section):
     bootstrap_servers: str = "127.0.0.1:19092"
     security: KafkaSecuritySettings = KafkaSecuritySettings()
     topics: TopicSettings = TopicSettings()
-    partitions: int = 2
+    partitions: int = 2  # of the topics the pipeline creates
+    # The samples topic's, when it differs: trainer ranks split its partitions, so it bounds how many
+    # ranks can share the work (set it to trainer.autoscale.max_workers to scale the trainer out)
+    samples_partitions: int | None = None
     linger_ms: int = 20
     batch_size_bytes: int = 1_000_000
     compression: str = "lz4"
     consumer_poll_batch: int = 5000
+
+
+    def partitions_of(self) -> dict[str, int]:
+        """The partition count the pipeline creates each of its topics with.
+
+        >>> KafkaSettings(samples_partitions=20).partitions_of()["rtrec.samples"]
+        20
+        >>> set(KafkaSettings().partitions_of().values())
+        {2}
+        """
+        counts = dict.fromkeys(self.topics.model_dump().values(), self.partitions)
+        counts[self.topics.samples] = self.samples_partitions or self.partitions
+        return counts
 
 
 class RedisSettings(ClientCredentials):

@@ -96,7 +96,7 @@ def run_backfill(settings: Settings, log_range: LogRange, with_samples: bool = T
             "its own (RTREC_KAFKA__TOPICS__EVENTS)")
     say(f"[backfill] {n_events} records of {k.topics.events} in range (offsets {offsets})")
     ensure_topics(k.bootstrap_servers, [k.topics.features, k.topics.samples, k.topics.dead_letter], k.partitions,
-                  security=k.security.librdkafka())
+                  security=k.security.librdkafka(), per_topic=k.partitions_of())
     job = start_job(s, resume=False, log_range=log_range, job_id=run_id, with_samples=with_samples)
     say(f"[backfill] job {job.get_job_client().get_job_id()} over {log_range}; features -> {k.topics.features}"
         + (f", samples -> {k.topics.samples}" if with_samples else ""))

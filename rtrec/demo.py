@@ -73,7 +73,7 @@ def run_demo(base: Settings, seconds: float, rate: float, say: Callable[[str], N
     k = s.kafka
     delete_old_demo_topics(k.bootstrap_servers, security=k.security.librdkafka())
     ensure_topics(k.bootstrap_servers, list(k.topics.model_dump().values()), k.partitions,
-                  security=k.security.librdkafka())
+                  security=k.security.librdkafka(), per_topic=k.partitions_of())
     stop = threading.Event()
     say(f"[flink] starting the feature job (embedded mini-cluster), run {run_id}")
     job = start_job(s, resume=False)

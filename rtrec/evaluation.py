@@ -92,7 +92,7 @@ def _through_pipeline(settings: Settings, produce: Callable[[Settings], None],
     s = settings.namespaced(run)
     topics = s.kafka.topics
     ensure_topics(s.kafka.bootstrap_servers, list(topics.model_dump().values()), s.kafka.partitions,
-                  security=s.kafka.security.librdkafka())
+                  security=s.kafka.security.librdkafka(), per_topic=s.kafka.partitions_of())
     produce(s)
     say("[evaluate] running the feature job over them")
     start_job(s, resume=False, log_range=LogRange(),
