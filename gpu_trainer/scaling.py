@@ -19,6 +19,7 @@ reads the lag from Kafka and changes the number of ranks applies it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from core.settings import AutoscaleSettings
@@ -74,3 +75,21 @@ class ScalingPolicy:
                 return Decision(current, False, f"lag {lag} allows {spared}, cooling down after the last change")
             return Decision(spared, True, f"lag {lag} needs only {spared} workers")
         return Decision(current, False, f"lag {lag} matches {current} workers")
+
+
+def simulate(policy: ScalingPolicy, trace: Callable[[float], int], seconds: int, partitions: int = 32,
+             every_s: int = 10) -> list[tuple[float, int, int]]:
+    """(time, lag, workers after the decision) for `trace` observed every `every_s` seconds, starting
+    at the fewest workers.
+
+    >>> simulate(ScalingPolicy(), lambda t: 4_500, 30)
+    [(0.0, 4500, 5), (10.0, 4500, 5), (20.0, 4500, 5)]
+    """
+    scale, history = Scale(policy.bounds(partitions)[0], None), []
+    for t in range(0, seconds, every_s):
+        lag = trace(float(t))
+        d = policy.decide(scale, lag, partitions, float(t))
+        if d.changed:
+            scale = Scale(d.workers, float(t))
+        history.append((float(t), lag, scale.workers))
+    return history

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from core.settings import AutoscaleSettings
-from gpu_trainer.scaling import Scale, ScalingPolicy
+from gpu_trainer.scaling import Scale, ScalingPolicy, simulate
 
 POLICY = ScalingPolicy(AutoscaleSettings())  # 1,000 per worker, 2..20, 30 s up, 300 s down
 
@@ -14,13 +14,7 @@ POLICY = ScalingPolicy(AutoscaleSettings())  # 1,000 per worker, 2..20, 30 s up,
 def run(trace: Callable[[float], int], seconds: int, partitions: int = 32, every_s: int = 10,
         policy: ScalingPolicy = POLICY) -> list[tuple[float, int]]:
     """(time, workers) after every observation of `trace` every `every_s` seconds."""
-    scale, history = Scale(policy.cfg.min_workers, None), []
-    for t in range(0, seconds, every_s):
-        d = policy.decide(scale, trace(t), partitions, float(t))
-        if d.changed:
-            scale = Scale(d.workers, float(t))
-        history.append((float(t), scale.workers))
-    return history
+    return [(t, w) for t, _, w in simulate(policy, trace, seconds, partitions, every_s)]
 
 
 def changes(history: list[tuple[float, int]]) -> int:
