@@ -31,9 +31,9 @@ def torchrun(s: Settings, log: Path, ranks: int, *args: str, max_restarts: int =
                             stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def settings_for(settings: Settings, tmp_path: Path, name: str) -> Settings:
+def settings_for(settings: Settings, tmp_path: Path, name: str, partitions: int = PARTITIONS) -> Settings:
     s = trainer_settings(settings.namespaced(name), tmp_path / name, group_id=f"trainer-{name}-{tmp_path.name}")
-    ensure_topics(s.kafka.bootstrap_servers, [s.kafka.topics.samples], PARTITIONS)
+    ensure_topics(s.kafka.bootstrap_servers, [s.kafka.topics.samples], partitions)
     return s
 
 
@@ -64,6 +64,19 @@ def test_two_ranks_train_every_sample_once_into_one_model(settings: Settings, tm
     assert sum(o["offset"] for o in together.offsets) == 6000
     # the same samples in other micro-batches: the model's quality within noise of one process's
     assert together.metrics["auc"] > 0.6 and abs(together.metrics["auc"] - alone.metrics["auc"]) < 0.03
+
+
+def test_a_rank_without_partitions_takes_part_in_every_round(settings: Settings, tmp_path: Path) -> None:
+    s = settings_for(settings, tmp_path, "spare", partitions=2)
+    samples = make_samples(3000)
+    produce_samples(s, samples)
+    log = tmp_path / "train.log"
+    assert torchrun(s, log, 3, "--idle-exit", "3").wait(300) == 0, log.read_text()[-4000:]
+    text = log.read_text()
+    assert "rank 2 of 3 consumes partitions none" in text, text[-3000:]
+    final = final_manifest(s)
+    assert (final.samples_seen, final.sample_digest) == (3000, digest(samples))
+    assert "rank 2 of 3: trained 3000 samples" in text
 
 
 def rank_pids(launcher: subprocess.Popen) -> dict[int, int]:
