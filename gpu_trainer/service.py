@@ -289,28 +289,21 @@ class TrainerService:
                 raise RuntimeError(f"the model's weights became non-finite after snapshot v{self.version}")
             if not self.ranks.same_weights(self.learner.state_arrays()):
                 raise RuntimeError("the ranks' replicas of the model differ; restarting them from the snapshot")
-            # promotion consolidates EWC: every replica must take rank 0's decision
-            promoted = self.ranks.from_leader(self._promotes() if self.leads else None)
-            if promoted:
-                self.learner.consolidate()
-            return self._publish(promoted) if self.leads else None
-        if not self.learner.weights_are_finite():
+        elif not self.learner.weights_are_finite():
             log.error("non-finite weights: not publishing; reverting to snapshot v%s", self.version)
             self._revert()
             return None
         self._reverts = 0
-        promoted = self._promotes()
-        if promoted:
-            self.learner.consolidate()
-        return self._publish(promoted)
-
-    def _promotes(self) -> bool:
-        return should_promote(self.learner.published_prequential.auc(), self.publisher.current_auc(),
-                              self.cfg.promotion_margin)
-
-    def _publish(self, promoted: bool) -> Manifest:
         published, trained = self.learner.published_prequential, self.learner.prequential
         auc, loss = published.auc(), published.logloss()
+        promoted = should_promote(auc, self.publisher.current_auc(), self.cfg.promotion_margin) if self.leads \
+            else False
+        if self.ranks is not None:  # promotion consolidates EWC: every replica takes rank 0's decision
+            promoted = self.ranks.from_leader(promoted)
+        if promoted:
+            self.learner.consolidate()
+        if not self.leads:
+            return None
         manifest = Manifest(
             version=max(self.version, self.store.highest_taken()) + 1, parent=self.version or None,
             created_at=now_ms(),
