@@ -78,8 +78,13 @@ class KafkaAuthenticationError(KafkaException):
 
 def refuse_on_authentication_error(err: KafkaError) -> None:
     """librdkafka reports refused credentials only through the error callback, and then retries
-    forever; raised here, the error leaves the poll, flush or consume call that served it."""
-    if err.code() == KafkaError._AUTHENTICATION:
+    forever; raised here, the error leaves the poll, flush or consume call that served it. A connection
+    lost during the SASL handshake comes with the same code but is transient, and is retried as usual.
+
+    >>> refuse_on_authentication_error(KafkaError(KafkaError._AUTHENTICATION, "GroupCoordinator: SASL OAUTHBEARER "
+    ...     "mechanism handshake failed: Local: Broker transport failure: broker's supported mechanisms: (n/a)"))
+    """
+    if err.code() == KafkaError._AUTHENTICATION and "Broker transport failure" not in err.str():
         raise KafkaAuthenticationError(err)
 
 
