@@ -111,13 +111,24 @@ def isolated(settings: Settings, **trainer: object) -> Settings:
 def service_throughput(settings: Settings, n: int) -> None:
     """Samples/s of the whole service (consume, decode, validate, train, snapshot) from a backlog."""
     s = isolated(settings, batch_size=4096, snapshot_every_samples=100_000, snapshot_every_s=60.0)
-    produce_samples(s, make_samples(n, seed=9))
+    samples = make_samples(n, seed=9)
+    produce_samples(s, samples)
     service = TrainerService.from_settings(s)
     began = time.perf_counter()
     summary = service.run(idle_exit_s=2.0)
     took = time.perf_counter() - began - 2.0
-    emit("trainer", "service_samples_per_s_mf_b4096", summary.samples_trained / took, "samples/s",
-         summary.samples_trained)
+    rate = summary.samples_trained / took
+    emit("trainer", "service_samples_per_s_mf_b4096", rate, "samples/s", summary.samples_trained)
+    # the same learner's training step alone, on the same samples in the same batches
+    learner = make_learner(s.trainer, 20)
+    batches = [Columns.from_records(samples[k:k + 4096]).to_batch(s.trainer.user_buckets, s.trainer.item_buckets)
+               for k in range(0, len(samples), 4096)]
+    step_began = time.perf_counter()
+    for b in batches:
+        learner.step(b)
+    step_rate = len(samples) / (time.perf_counter() - step_began)
+    emit("trainer", "step_samples_per_s_mf_b4096", step_rate, "samples/s", len(samples))
+    emit("trainer", "service_to_step_ratio", rate / step_rate, "ratio", summary.samples_trained)
 
 
 def ranks_throughput(settings: Settings, n: int, rank_counts: list[int], partitions: int = 6) -> None:

@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from schemas.bulk import BulkDecoded
+
 # Fixed 16-byte key: bucket ids must be the same in every process (training, scoring, ONNX callers).
 _HASH_KEY = "rtrec-id-hash-01"
 
@@ -111,6 +113,20 @@ class Columns:
         return cls(frame["sample_id"].to_numpy(), frame["user_id"].to_numpy(), frame["item_id"].to_numpy(),
                    features, lengths, frame["label"].to_numpy(dtype=np.float32),
                    frame["event_time"].to_numpy(np.int64), frame["feature_set"].to_numpy())
+
+    @classmethod
+    def from_decoded(cls, decoded: BulkDecoded, width: int) -> Columns:
+        """From TrainingSample columns decoded in bulk, the feature matrix cut or padded to `width`."""
+        columns = decoded.columns
+        features = columns["features"]
+        if features.shape[1] != width:
+            resized = np.zeros((len(features), width), dtype=np.float32)
+            kept = min(width, features.shape[1])
+            resized[:, :kept] = features[:, :kept]
+            features = resized
+        return cls(columns["sample_id"], columns["user_id"], columns["item_id"], features,
+                   decoded.lengths["features"], columns["label"].astype(np.float32), columns["event_time"],
+                   columns["feature_set"])
 
     def __len__(self) -> int:
         return len(self.label)

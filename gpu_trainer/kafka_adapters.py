@@ -14,7 +14,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 from core.kafka import cached_lag, ensure_topics, producer_config
 from core.settings import KafkaSettings, TrainerSettings
 from gpu_trainer.distributed import Ranks
+from schemas.bulk import BulkDecoder
 from schemas.dead_letter import Reject, dead_letter
+from schemas.feature_set import FEATURE_NAMES
 from schemas.kafka_io import AvroConsumer, AvroProducer, ConsumedBatch, read_topic
 
 log = logging.getLogger("rtrec.trainer")
@@ -29,8 +31,11 @@ class KafkaSampleSource:
 
     def __init__(self, bootstrap: str, topic: str, group_id: str, instance_id: str | None = None,
                  session_timeout_ms: int = 10_000, security: Mapping[str, str] | None = None,
-                 ranks: Ranks | None = None) -> None:
+                 ranks: Ranks | None = None, n_features: int = len(FEATURE_NAMES)) -> None:
         self.topic = topic
+        # decoded in bulk: per-record decoding in Python capped the service at about 30k samples/s
+        self._decoder = BulkDecoder("TrainingSample")
+        self._widths = {"features": n_features}
         self.ranks = ranks  # given: this rank's share of the partitions, assigned without the group protocol
         self.start_offsets: dict[tuple[str, int], int] = {}
         self.assigned: set[int] = set()
@@ -79,7 +84,7 @@ class KafkaSampleSource:
     def poll(self, max_records: int, timeout_s: float) -> ConsumedBatch:
         # the service trains (or dead-letters) every batch before it polls again, and a rebalance
         # runs inside a poll: by then everything polled before is in the model
-        batch = self._consumer.poll_batch(max_records, timeout_s, fill=True)
+        batch = self._consumer.poll_columns(self._decoder, self._widths, max_records, timeout_s, fill=True)
         self.start_offsets.update(batch.offsets)
         return batch
 

@@ -192,7 +192,8 @@ class TrainerService:
         rejected = 0
         if not stop:
             polled = self.source.poll(max_records, self.cfg.batch_timeout_ms / 1000.0)
-            columns = Columns.from_records(polled.records, width=self.n_features)
+            columns = (Columns.from_decoded(polled.columns, self.n_features) if polled.columns is not None
+                       else Columns.from_records(polled.records, width=self.n_features))
             ok, rejects = check_samples(columns, self.n_features, FEATURE_SET, self.source.topic,
                                         self.cfg.max_id_length)
             self._write_dead_letters(polled.rejected + rejects)

@@ -14,6 +14,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from core.kafka import consumer_config, poll_messages
+from schemas.bulk import BulkDecoded, BulkDecoder
 from schemas.dead_letter import Reject
 from schemas.serde import Deserializer, Record, SerdeError, Serializer, deserializer, header_of, serializer
 
@@ -76,8 +77,11 @@ class ConsumedBatch:
     records: list[Record]
     rejected: list[Reject]  # undecodable records, with where they came from
     offsets: dict[tuple[str, int], int]  # next offset to read, per (topic, partition)
+    columns: BulkDecoded | None = None  # instead of `records`, from `AvroConsumer.poll_columns`
 
     def extend(self, other: ConsumedBatch) -> None:
+        if self.columns is not None or other.columns is not None:
+            raise ValueError("batches decoded in bulk are not extended")
         self.records += other.records
         self.rejected += other.rejected
         self.offsets.update(other.offsets)
@@ -110,6 +114,21 @@ class AvroConsumer:
             except SerdeError as exc:
                 batch.rejected.append(Reject(exc.reason, msg.topic(), msg.partition(), msg.offset(),
                                              value=msg.value() if self.keep_rejected_values else None))
+        return batch
+
+    def poll_columns(self, decoder: BulkDecoder, widths: Mapping[str, int], max_records: int = 5000,
+                     timeout_s: float = 1.0, fill: bool = False) -> ConsumedBatch:
+        """As `poll_batch`, decoded in bulk (schemas.bulk): the records come back as columns."""
+        messages = poll_messages(self._consumer, max_records, timeout_s, fill=fill)
+        batch = ConsumedBatch([], [], {})
+        for msg in messages:
+            batch.offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
+        values = [msg.value() for msg in messages]
+        batch.columns = decoder.decode(values, [header_of(msg.headers()) for msg in messages], widths)
+        for i, reason in batch.columns.rejected:
+            msg = messages[i]
+            batch.rejected.append(Reject(reason, msg.topic(), msg.partition(), msg.offset(),
+                                         value=values[i] if self.keep_rejected_values else None))
         return batch
 
     def commit(self, offsets: Mapping[tuple[str, int], int] | None = None) -> None:

@@ -1,0 +1,109 @@
+"""The bulk decoder gives what decoding each record alone gives: the same rows, values and reasons,
+whatever damage the bytes carry."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from schemas.bulk import BulkDecoder
+from schemas.serde import SerdeError, deserializer, serializer
+from tests.gpu_trainer.samples import make_samples
+
+
+def one_by_one(values: list[bytes | None], headers: list[bytes | None]) -> tuple[list[int], list[dict], list[int]]:
+    decode = deserializer("TrainingSample")
+    rows, records, rejected = [], [], []
+    for i, (v, h) in enumerate(zip(values, headers, strict=True)):
+        try:
+            records.append(decode(v, h))
+            rows.append(i)
+        except SerdeError:
+            rejected.append(i)
+    return rows, records, rejected
+
+
+def assert_same(values: list[bytes | None], headers: list[bytes | None], width: int) -> None:
+    got = BulkDecoder("TrainingSample").decode(values, headers, widths={"features": width})
+    rows, records, rejected = one_by_one(values, headers)
+    assert got.rows.tolist() == rows
+    assert [i for i, _ in got.rejected] == rejected
+    assert all(reason for _, reason in got.rejected)
+    for j, record in enumerate(records):
+        for name in ("sample_id", "user_id", "item_id", "feature_set", "label", "event_time"):
+            assert got.columns[name][j] == record[name], (name, j)
+        position = got.columns["position"][j]
+        assert (record["position"] is None and math.isnan(position)) or position == record["position"]
+        kept = min(width, len(record["features"]))
+        assert got.lengths["features"][j] == len(record["features"])
+        np.testing.assert_array_equal(got.columns["features"][j, :kept], np.float32(record["features"][:kept]))
+        assert not got.columns["features"][j, kept:].any()
+
+
+def encoded(n: int, seed: int) -> tuple[list[bytes], bytes]:
+    enc = serializer("TrainingSample")
+    samples = make_samples(n, seed=seed)
+    rng = np.random.default_rng(seed)
+    for k, s in enumerate(samples):
+        if k % 3 == 0:
+            s["position"] = int(rng.integers(-5, 1_000_000))
+        if k % 7 == 0:
+            s["user_id"] = "ünïcødé-" + s["user_id"]
+    return [enc(s) for s in samples], enc.header_value
+
+
+def test_clean_records_decode_as_one_by_one() -> None:
+    values, header = encoded(500, seed=1)
+    assert_same(values, [header] * len(values), width=len(make_samples(1)[0]["features"]))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_damaged_records_are_rejected_or_decoded_exactly_as_one_by_one(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    values, header = encoded(400, seed=seed)
+    width = len(make_samples(1)[0]["features"])
+    headers: list[bytes | None] = [header] * len(values)
+    damaged: list[bytes | None] = list(values)
+    for i in rng.choice(len(values), 120, replace=False).tolist():
+        value = bytearray(values[i])
+        how = i % 6
+        if how == 0:  # truncated
+            damaged[i] = bytes(value[: rng.integers(0, len(value))])
+        elif how == 1:  # bytes flipped
+            for at in rng.integers(0, len(value), 3):
+                value[at] = int(rng.integers(0, 256))
+            damaged[i] = bytes(value)
+        elif how == 2:  # trailing bytes
+            damaged[i] = bytes(value) + b"\x00\x02"
+        elif how == 3:  # another schema's header, or none
+            headers[i] = None if i % 2 else b"TrainingSample:0000000000000000"
+        elif how == 4:  # a tombstone
+            damaged[i] = None
+        else:  # random bytes
+            damaged[i] = rng.bytes(int(rng.integers(1, 40)))
+    assert_same(damaged, headers, width)
+
+
+def test_ragged_feature_arrays_keep_their_own_length_and_the_asked_width() -> None:
+    enc = serializer("TrainingSample")
+    samples = make_samples(6, seed=2)
+    samples[1]["features"] = samples[1]["features"][:3]
+    samples[4]["features"] = samples[4]["features"] * 2
+    samples[5]["features"] = []
+    values = [enc(s) for s in samples]
+    assert_same(values, [enc.header_value] * len(values), width=len(samples[0]["features"]))
+
+
+def test_an_empty_batch_and_a_batch_of_garbage() -> None:
+    decoder = BulkDecoder("TrainingSample")
+    header = decoder.header_value
+    assert len(decoder.decode([], [], widths={"features": 4})) == 0
+    got = decoder.decode([b"", b"\xff" * 30], [header, header], widths={"features": 4})
+    assert len(got) == 0 and [i for i, _ in got.rejected] == [0, 1]
+
+
+def test_a_schema_with_a_field_it_cannot_read_in_bulk_is_refused_up_front() -> None:
+    with pytest.raises(TypeError, match="does not support"):
+        BulkDecoder("ModelSnapshot")
