@@ -61,9 +61,23 @@ def test_images_commands_and_mounts(docs: dict) -> None:
         result = CliRunner().invoke(cli, [*container["args"], "--help"])
         assert result.exit_code == 0, result.output
         assert {"name": "credentials", "mountPath": "/etc/rtrec/secrets", "readOnly": True} in container["volumeMounts"]
-    # one trainer: two in one consumer group would train two models on half the data each
+    # one trainer pod: two in one consumer group would train two models on half the data each
     assert docs[("Deployment", "rtrec-trainer")]["spec"]["replicas"] == 1
     assert "ScaledObject" not in {kind for kind, name in docs if name == "rtrec-trainer"}
+
+
+def test_the_trainer_pod_scales_its_ranks_by_the_lag_policy_within_its_cpus(docs: dict) -> None:
+    spec = docs[("Deployment", "rtrec-trainer")]["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    assert container["args"][:2] == ["train", "autoscale"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert int(env["RTREC_TRAINER__AUTOSCALE__MAX_WORKERS"]) == int(container["resources"]["requests"]["cpu"])
+    assert env["OMP_NUM_THREADS"] == "1"  # a rank per CPU, not each rank on every CPU
+    metrics_port = int(env["RTREC_TRAINER__METRICS_PORT"])
+    autoscale_port = int(container["args"][container["args"].index("--metrics-port") + 1])
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": metrics_port, "autoscale": autoscale_port} and metrics_port != autoscale_port
+    assert container["readinessProbe"]["httpGet"]["port"] == "autoscale"  # up before any rank is
 
 
 def test_the_loader_scales_by_the_lag_policy(docs: dict) -> None:
