@@ -140,6 +140,17 @@ class Learner:
         self.sample_digest = (self.sample_digest + int(batch.sample_hash.sum(dtype=np.uint64))) % 2**64
         return StepResult(float(loss.detach()), trained=True)
 
+    @torch.no_grad()
+    def predict(self, batch: Batch) -> np.ndarray:
+        """Click probabilities from the published weights, what a snapshot taken now would serve."""
+        model = self.published_model or self.model
+        training = model.training
+        model.eval()
+        try:
+            return torch.sigmoid(self.forward(batch.to(self.device), model)).cpu().numpy().astype(np.float64)
+        finally:
+            model.train(training)
+
     def published_state(self) -> dict[str, torch.Tensor]:
         return dict(self.ema.shadow) if self.ema is not None else {n: p.detach() for n, p in self.params.items()}
 

@@ -23,14 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from core.kafka import ensure_topics
 from core.log_range import LogRange
 from core.settings import Settings, TrainerSettings
 from gpu_trainer.batch import Columns
 from gpu_trainer.learner import Learner
-from gpu_trainer.models import build_model
 from gpu_trainer.prequential import auc, logloss
 from gpu_trainer.shadow import ShadowGate
 from rtrec.sources.produce import produce_replay, produce_synthetic
@@ -112,11 +110,7 @@ def _batches(columns: Columns, size: int) -> list[Columns]:
 
 
 def _predict(learner: Learner, columns: Columns) -> np.ndarray:
-    model = build_model(learner.model_name, learner.config)
-    model.load_state_dict(learner.published_state())
-    b = columns.to_batch(learner.cfg.user_buckets, learner.cfg.item_buckets)
-    with torch.no_grad():
-        return torch.sigmoid(model(b.user_idx, b.item_idx, b.dense)).numpy().astype(np.float64)
+    return learner.predict(columns.to_batch(learner.cfg.user_buckets, learner.cfg.item_buckets))
 
 
 def _fit(cfg: TrainerSettings, columns: Columns, epochs: int, batch: int) -> Learner:
@@ -141,30 +135,41 @@ def _item_ctr(head: Columns, tail: Columns, prior: float = 20.0) -> np.ndarray:
 
 
 def compare(samples: list[dict], cfg: TrainerSettings, train_fraction: float, period_s: float, batch: int = 256,
-            epochs: int = 3, ewc_lambdas: Sequence[float] = (), peer: str | None = None) -> list[StrategyResult]:
+            epochs: int = 3, ewc_lambdas: Sequence[float] = (), peer: str | None = None,
+            say: Callable[[str], None] = lambda _: None) -> list[StrategyResult]:
     """Frozen, periodic, then the real-time variants; EWC runs once per λ in `ewc_lambdas`
-    (default: the configured one); with `peer="river"`, River's FMClassifier last."""
+    (default: the configured one); with `peer="river"`, River's FMClassifier last. `say` hears of
+    each strategy as it finishes, and of each periodic refit."""
+    began = time.perf_counter()
+
+    def done(result: StrategyResult) -> StrategyResult:
+        value = "n/a" if result.auc is None else f"{result.auc:.4f}"
+        say(f"[evaluate] {result.name}: AUC {value} ({time.perf_counter() - began:.0f} s in all)")
+        return result
+
     columns = Columns.from_records(samples)
     cut = int(len(columns) * train_fraction)
     head, tail = columns.select(np.arange(cut)), columns.select(np.arange(cut, len(columns)))
-    results = [StrategyResult("frozen (first part)", _predict(_fit(cfg, head, epochs, batch), tail), tail.label,
-                              tail.event_time_ms)]
+    results = [done(StrategyResult("frozen (first part)", _predict(_fit(cfg, head, epochs, batch), tail),
+                                   tail.label, tail.event_time_ms))]
 
-    results.append(StrategyResult("item CTR of the first part (counts)", _item_ctr(head, tail), tail.label,
-                                  tail.event_time_ms))
+    results.append(done(StrategyResult("item CTR of the first part (counts)", _item_ctr(head, tail), tail.label,
+                                       tail.event_time_ms)))
 
     probs = []
     period_ms = int(period_s * 1000)
     start = int(tail.event_time_ms.min())
     edges = range(start, int(tail.event_time_ms.max()) + period_ms, period_ms)
-    for lo in edges:
+    for k, lo in enumerate(edges):
         part = tail.select((tail.event_time_ms >= lo) & (tail.event_time_ms < lo + period_ms))
         if not len(part):
             continue
         seen = columns.select(columns.event_time_ms < lo)
         probs.append(_predict(_fit(cfg, seen, epochs, batch), part))
-    results.append(StrategyResult(f"periodic (every {period_s / 3600:g} h)", np.concatenate(probs), tail.label,
-                                  tail.event_time_ms))
+        say(f"[evaluate] periodic refit {k + 1}/{len(edges)} on {len(seen)} samples "
+            f"({time.perf_counter() - began:.0f} s in all)")
+    results.append(done(StrategyResult(f"periodic (every {period_s / 3600:g} h)", np.concatenate(probs),
+                                       tail.label, tail.event_time_ms)))
 
     lambdas = list(ewc_lambdas) or [cfg.ewc_lambda]
     variants = [("real-time plain", False, False, cfg.ewc_lambda), ("real-time + EMA", True, False, cfg.ewc_lambda)]
@@ -185,15 +190,15 @@ def compare(samples: list[dict], cfg: TrainerSettings, train_fraction: float, pe
                 learner.consolidate()
         took = time.perf_counter() - started
         seconds += took
-        results.append(StrategyResult(name, np.concatenate(out), tail.label, tail.event_time_ms,
-                                      len(tail) / max(took, 1e-9)))
-    results.append(_auto(per_batch, _batches(tail, batch), tail, seconds))
+        results.append(done(StrategyResult(name, np.concatenate(out), tail.label, tail.event_time_ms,
+                                           len(tail) / max(took, 1e-9))))
+    results.append(done(_auto(per_batch, _batches(tail, batch), tail, seconds)))
     if peer == "river":
         from rtrec.peer_baseline import river_fm
 
         probs, rate = river_fm(head, tail, epochs)
-        results.append(StrategyResult("River FMClassifier (k=10), same protocol", probs, tail.label,
-                                      tail.event_time_ms, rate))
+        results.append(done(StrategyResult("River FMClassifier (k=10), same protocol", probs, tail.label,
+                                           tail.event_time_ms, rate)))
     return results
 
 

@@ -130,3 +130,20 @@ def test_collision_rate_is_reported_per_table() -> None:
     assert users.distinct_ids == 300 and users.rate() == pytest.approx(1 - 16 / 300)
     expected_items = 1 - len(set((hash_ids([f"a{k}" for k in range(200)]) % np.uint64(1 << 16)).tolist())) / 200
     assert learner.collisions["item"].rate() == pytest.approx(expected_items)
+
+
+@pytest.mark.parametrize("ema", [True, False])
+@pytest.mark.parametrize("model", ["mf", "deepfm"])
+def test_predict_scores_with_the_published_weights_as_a_loaded_snapshot_would(model: str, ema: bool) -> None:
+    stream, rng = TwoPhaseStream(), np.random.default_rng(4)
+    learner = Learner(cfg(model=model, ema_enabled=ema), n_dense=2)
+    for _ in range(20):
+        learner.step(stream.draw(1, 512, rng).to_batch(BUCKETS, BUCKETS))
+    held_out = stream.draw(1, 2_000, np.random.default_rng(97))
+    loaded = build_model(learner.model_name, learner.config).eval()
+    loaded.load_state_dict(learner.published_state())
+    batch = held_out.to_batch(BUCKETS, BUCKETS)
+    with torch.no_grad():
+        expected = torch.sigmoid(loaded(batch.user_idx, batch.item_idx, batch.dense)).numpy()
+    np.testing.assert_allclose(learner.predict(batch), expected, rtol=1e-5, atol=1e-6)
+    assert learner.model.training  # scoring leaves the trained model as it was
