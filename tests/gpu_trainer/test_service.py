@@ -100,7 +100,7 @@ def _scores(prequential: object, auc_wanted: float, n: int = 1000) -> None:
 def test_the_gate_judges_the_weights_it_publishes(tmp_path: Path) -> None:
     """The trained weights score well, the published (EMA) ones badly: the snapshot of those published
     weights must not replace a better current one, whatever the trained weights' AUC."""
-    trainer = service(config(tmp_path, promotion_margin=0.02), ListSource({0: []}))
+    trainer = service(config(tmp_path, promotion_margin=0.02, ema_enabled=True), ListSource({0: []}))
     learner = trainer.learner
     assert learner.published_prequential is not learner.prequential  # EMA on: two sets of scores
     _scores(learner.published_prequential, 0.80)
@@ -125,7 +125,7 @@ def test_the_gate_judges_the_weights_it_publishes(tmp_path: Path) -> None:
 
 def test_published_scores_come_from_the_published_weights(tmp_path: Path) -> None:
     """With a slow EMA the published weights are not the trained ones, and neither are their scores."""
-    cfg = config(tmp_path, ema_momentum=0.999)
+    cfg = config(tmp_path, ema_enabled=True, ema_momentum=0.999)
     source = ListSource({0: make_samples(4000)})
     trainer = service(cfg, source)
     trainer.run(should_stop=lambda: source.lag() == 0)
