@@ -36,7 +36,7 @@ def test_river_scores_the_same_samples_before_learning_them_and_reports_its_rate
     assert river.name == "River FMClassifier (k=10), same protocol"
     assert np.array_equal(river.labels, results[0].labels) and np.array_equal(river.times, results[0].times)
     assert len(river.probs) == 1050 and np.isfinite(river.probs).all()
-    assert river.auc is not None and river.auc > 0.7  # it learned the two popular items
+    assert river.auc is not None and river.auc > 0.65  # it learned the two popular items (chance: 0.5)
     assert river.samples_per_s and ours.samples_per_s and river.samples_per_s > 0
     table, _ = write_report(results, tmp_path)
     row = next(line for line in table.splitlines() if line.startswith("| River"))
