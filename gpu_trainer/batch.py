@@ -116,14 +116,12 @@ class Columns:
 
     @classmethod
     def from_decoded(cls, decoded: BulkDecoded, width: int) -> Columns:
-        """From TrainingSample columns decoded in bulk, the feature matrix cut or padded to `width`."""
+        """From TrainingSample columns decoded in bulk; the decoder already cut or padded the feature
+        matrix to its width (schemas.bulk), which must be the model's `width`."""
         columns = decoded.columns
         features = columns["features"]
         if features.shape[1] != width:
-            resized = np.zeros((len(features), width), dtype=np.float32)
-            kept = min(width, features.shape[1])
-            resized[:, :kept] = features[:, :kept]
-            features = resized
+            raise ValueError(f"samples decoded {features.shape[1]} features wide, the model takes {width}")
         return cls(columns["sample_id"], columns["user_id"], columns["item_id"], features,
                    decoded.lengths["features"], columns["label"].astype(np.float32), columns["event_time"],
                    columns["feature_set"])
