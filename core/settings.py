@@ -356,6 +356,10 @@ class FlinkSettings(Section):
     restart_delay_ms: int = 5_000
     job_metrics_port: int = 0  # > 0: `features run` serves Prometheus metrics (rtrec_job_*)
     attribution_window_s: int = 30
+    # Each sample carries its user's newest engagements (clicks, likes, carts, orders) from before the
+    # impression: at most history_length of them, none older than history_lookback_s. 0: none.
+    history_length: int = Field(default=10, ge=0, le=100)
+    history_lookback_s: int = Field(default=600, gt=0)
     max_future_skew_ms: int = 3_600_000
     max_event_age_ms: int | None = None  # None: any age (historical replays); else older is malformed
     # Earlier event times are unit errors (seconds taken for milliseconds land in January 1970), not
@@ -414,6 +418,9 @@ class TrainerSettings(Section):
     user_buckets: int = 1 << 18
     item_buckets: int = 1 << 18
     hidden_dims: tuple[int, ...] = (128, 64)
+    # How many of a sample's recent items (flink.history_length) the model reads: their item embeddings,
+    # mean-pooled, join the user's side. 0: the model ignores them.
+    history_length: int = Field(default=0, ge=0, le=100)
     batch_size: int = 4096
     batch_timeout_ms: int = 500
     max_id_length: int = 256  # a sample whose sample, user or item id is longer is dead-lettered

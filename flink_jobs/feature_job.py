@@ -19,6 +19,7 @@ from flink_jobs.sample_sql import (
     engagements_sql,
     feature_rows_sql,
     feature_window_sql,
+    history_rows_sql,
     impressions_sql,
     label_rows_sql,
     samples_sql,
@@ -102,7 +103,10 @@ def add_samples(settings: Settings, t_env: TableEnvironment, statements: Stateme
                       {"scan.watermark.idle-timeout": "0 ms"})
     t_env.create_temporary_view("impressions", t_env.sql_query(impressions_sql("sample_events")))
     t_env.create_temporary_view("engagements", t_env.sql_query(engagements_sql("sample_events")))
+    t_env.create_java_temporary_system_function("RTREC_RECENT_ENGAGEMENTS", "dev.rtrec.flink.RecentEngagements")
     parts = [base_rows_sql(), label_rows_sql(f.attribution_window_s)]
+    if f.history_length > 0:
+        parts.append(history_rows_sql(f.history_lookback_s))
     for entity in ("user", "item"):
         for h in HORIZONS_S:
             view = f"f_{entity}_{h}"
@@ -113,4 +117,4 @@ def add_samples(settings: Settings, t_env: TableEnvironment, statements: Stateme
     t_env.execute_sql(avro_sink_ddl("samples_sink", "TrainingSample", k.topics.samples, k.bootstrap_servers,
                                     exactly_once, f"rtrec-{job_id}-samples", key_field="user_id",
                                     client=k.security.flink_connector()))
-    statements.add_insert_sql(f"INSERT INTO samples_sink {samples_sql('sample_rows', f.window_s)}")
+    statements.add_insert_sql(f"INSERT INTO samples_sink {samples_sql('sample_rows', f.window_s, f.history_length)}")

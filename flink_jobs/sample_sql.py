@@ -4,9 +4,10 @@ pair within the attribution window, carrying the features as of the impression t
 Point in time: an impression at t joins, per entity and horizon, the one window with
 t - slide < window_end <= t (written on window_time = window_end - 1 ms as an interval join). A
 window is [start, end), so nothing at or after t is in it: a click at t cannot leak into the
-features of the impression at t. Every joined row, the impression itself and its label rows meet
-in a tumbling window on the impression time, which closes once the watermark has passed the
-attribution window: that is when a sample is emitted.
+features of the impression at t. The user's recent engagements join the same way, strictly before t
+and within the history lookback, and an aggregate keeps the newest of them. Every joined row, the
+impression itself and its label rows meet in a tumbling window on the impression time, which closes
+once the watermark has passed the attribution window: that is when a sample is emitted.
 
 >>> "e.event_time <= i.event_time + INTERVAL '30' SECOND(2)" in label_rows_sql(30)
 True
@@ -22,6 +23,7 @@ _AGG_COLUMNS = {"impressions": "CAST(impressions AS DOUBLE)", "clicks": "CAST(cl
                 "likes": "CAST(likes AS DOUBLE)", "ctr": "ctr", "dwell_mean_ms": "dwell_mean_ms"}
 _NULL_FEATURES = ", ".join(f"CAST(NULL AS DOUBLE) AS f_{a}" for a in AGGREGATES)
 _ROW_HEAD = "i.event_id, i.user_id, i.item_id, i.`position`, i.event_time_ms, i.event_time AS t"
+_NO_HISTORY = "CAST(NULL AS STRING) AS seq_item, CAST(NULL AS STRING) AS seq_type, CAST(NULL AS BIGINT) AS seq_time_ms"
 
 
 def impressions_sql(source: str) -> str:
@@ -30,7 +32,8 @@ def impressions_sql(source: str) -> str:
 
 
 def engagements_sql(source: str) -> str:
-    return f"SELECT user_id, item_id, event_time FROM {source} WHERE event_type <> 'impression'"
+    return (f"SELECT user_id, item_id, event_type, event_time_ms, event_time FROM {source} "
+            "WHERE event_type <> 'impression'")
 
 
 def feature_window_sql(entity_type: str, size_s: int, slide_s: int, source: str) -> str:
@@ -46,11 +49,12 @@ GROUP BY window_start, window_end, window_time, {key}"""
 
 
 def base_rows_sql() -> str:
-    return f"SELECT {_ROW_HEAD}, 0 AS label, CAST(NULL AS STRING) AS kind, {_NULL_FEATURES} FROM impressions i"
+    return (f"SELECT {_ROW_HEAD}, 0 AS label, CAST(NULL AS STRING) AS kind, {_NULL_FEATURES}, {_NO_HISTORY} "
+            "FROM impressions i")
 
 
 def label_rows_sql(attribution_s: int) -> str:
-    return f"""SELECT {_ROW_HEAD}, 1 AS label, CAST(NULL AS STRING) AS kind, {_NULL_FEATURES}
+    return f"""SELECT {_ROW_HEAD}, 1 AS label, CAST(NULL AS STRING) AS kind, {_NULL_FEATURES}, {_NO_HISTORY}
 FROM impressions i JOIN engagements e
   ON i.user_id = e.user_id AND i.item_id = e.item_id
   AND e.event_time > i.event_time AND e.event_time <= i.event_time + {interval(attribution_s)}"""
@@ -59,19 +63,31 @@ FROM impressions i JOIN engagements e
 def feature_rows_sql(view: str, entity_type: str, horizon_s: int, slide_s: int) -> str:
     key = {"user": "i.user_id", "item": "i.item_id"}[entity_type]
     cols = ", ".join(f"{_AGG_COLUMNS[a]} AS f_{a}" for a in AGGREGATES)
-    return f"""SELECT {_ROW_HEAD}, 0 AS label, {quote(f'{entity_type}.{horizon_s}')} AS kind, {cols}
+    return f"""SELECT {_ROW_HEAD}, 0 AS label, {quote(f'{entity_type}.{horizon_s}')} AS kind, {cols}, {_NO_HISTORY}
 FROM impressions i JOIN {view} f
   ON {key} = f.entity_id
   AND f.window_time < i.event_time AND f.window_time >= i.event_time - {interval(slide_s)}"""
 
 
-def samples_sql(rows_view: str, window_s: int) -> str:
+def history_rows_sql(lookback_s: int) -> str:
+    """The user's engagements in [t - lookback, t): strictly before the impression, as its features are."""
+    return f"""SELECT {_ROW_HEAD}, 0 AS label, 'history' AS kind, {_NULL_FEATURES},
+  e.item_id AS seq_item, e.event_type AS seq_type, e.event_time_ms AS seq_time_ms
+FROM impressions i JOIN engagements e
+  ON i.user_id = e.user_id
+  AND e.event_time < i.event_time AND e.event_time >= i.event_time - {interval(lookback_s)}"""
+
+
+def samples_sql(rows_view: str, window_s: int, history_length: int) -> str:
     features = []
     for name in FEATURE_NAMES:
         entity, horizon, agg = name.split(".")
         kind = f"{entity}.{horizon[:-1]}"
         features.append(f"CAST(COALESCE(MAX(CASE WHEN kind = {quote(kind)} THEN f_{agg} END), 0.0) AS FLOAT)")
-    return f"""SELECT
+    return f"""SELECT user_id_key, sample_id, user_id, item_id, event_time, label, features, feature_set,
+  `position`, s.recent.items AS recent_items, s.recent.types AS recent_types, s.recent.ages_ms AS recent_ages_ms,
+  headers
+FROM (SELECT
   CAST(user_id AS BYTES) AS user_id_key,
   event_id AS sample_id, user_id, item_id,
   CAST(TO_TIMESTAMP_LTZ(MAX(event_time_ms), 3) AS TIMESTAMP(3)) AS event_time,
@@ -79,6 +95,7 @@ def samples_sql(rows_view: str, window_s: int) -> str:
   ARRAY[{", ".join(features)}] AS features,
   {quote(FEATURE_SET)} AS feature_set,
   MAX(`position`) AS `position`,
+  RTREC_RECENT_ENGAGEMENTS(seq_item, seq_type, seq_time_ms, event_time_ms, {int(history_length)}) AS recent,
   {header_literal('TrainingSample')} AS headers
 FROM TABLE(TUMBLE(TABLE {rows_view}, DESCRIPTOR(t), {interval(window_s)}))
-GROUP BY window_start, window_end, event_id, user_id, item_id"""
+GROUP BY window_start, window_end, event_id, user_id, item_id) s"""

@@ -29,6 +29,8 @@ from gpu_trainer.updates.ewc import OnlineEWC
 def model_config(cfg: TrainerSettings, n_dense: int) -> dict[str, Any]:
     config: dict[str, Any] = {"user_buckets": cfg.user_buckets, "item_buckets": cfg.item_buckets,
                               "n_dense": n_dense, "embedding_dim": cfg.embedding_dim}
+    if cfg.history_length:
+        config["history_length"] = cfg.history_length
     if cfg.model == "deepfm":
         config["hidden_dims"] = list(cfg.hidden_dims)
     return config
@@ -82,12 +84,15 @@ class Learner:
 
     def _touched_rows(self, batch: Batch) -> dict[str, torch.Tensor]:
         users, items = torch.unique(batch.user_idx), torch.unique(batch.item_idx)
+        if batch.history_idx is not None:
+            recent = batch.history_idx[batch.history_idx >= 0]
+            items = torch.unique(torch.cat([items, recent]))
         return {n: (users if n.startswith("user") else items) for n in self.tables}
 
     def forward(self, batch: Batch, model: nn.Module | None = None) -> torch.Tensor:
         """Logits of the trained weights, or of `model` (the published one)."""
         with torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
-            return (model or self.model)(batch.user_idx, batch.item_idx, batch.dense).float()
+            return (model or self.model)(batch.user_idx, batch.item_idx, batch.dense, batch.history_idx).float()
 
     def _warm_start_bias(self, batch: Batch) -> None:
         """Sets the output bias to the first batch's base rate (log-odds). Otherwise Adam's first steps,

@@ -1,4 +1,5 @@
-"""Export of a snapshot's published model to ONNX (inputs: user bucket, item bucket, dense features).
+"""Export of a snapshot's published model to ONNX (inputs: user bucket, item bucket, dense features,
+and for a model that reads them the recent items' buckets, [batch, history_length], -1 padding).
 
 Callers hash ids into buckets with `gpu_trainer.batch.bucket` and the snapshot's bucket counts.
 """
@@ -18,21 +19,26 @@ class _Probability(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, user_idx: torch.Tensor, item_idx: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.model(user_idx, item_idx, dense))
+    def forward(self, user_idx: torch.Tensor, item_idx: torch.Tensor, dense: torch.Tensor,
+                history_idx: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.sigmoid(self.model(user_idx, item_idx, dense, history_idx))
 
 
 def export_onnx(loaded: LoadedModel, path: Path) -> Path:
     n_dense = int(loaded.manifest.model_config["n_dense"])
-    example = (torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), torch.zeros(2, n_dense))
+    example: tuple[torch.Tensor, ...] = (torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64),
+                                         torch.zeros(2, n_dense))
+    names = ["user_idx", "item_idx", "dense"]
+    if loaded.history_length:
+        example = (*example, torch.full((2, loaded.history_length), -1, dtype=torch.int64))
+        names.append("history_idx")
     wrapper = _Probability(loaded.model).eval()
     path.parent.mkdir(parents=True, exist_ok=True)
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter needs no onnxscript
-        torch.onnx.export(wrapper, example, str(path), dynamo=False, input_names=["user_idx", "item_idx", "dense"],
+        torch.onnx.export(wrapper, example, str(path), dynamo=False, input_names=names,
                           output_names=["probability"], opset_version=17,
-                          dynamic_axes={"user_idx": {0: "batch"}, "item_idx": {0: "batch"}, "dense": {0: "batch"},
-                                        "probability": {0: "batch"}})
+                          dynamic_axes={**{name: {0: "batch"} for name in names}, "probability": {0: "batch"}})
     return path

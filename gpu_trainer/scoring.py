@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from feature_store.base import FeatureReader
-from gpu_trainer.batch import bucket
+from gpu_trainer.batch import Columns, bucket, history_matrix
 from gpu_trainer.model_registry import ModelRegistry
 from gpu_trainer.models import build_model
 from gpu_trainer.snapshots import Manifest, SnapshotError, SnapshotStore
@@ -30,13 +30,41 @@ class LoadedModel:
     def item_buckets(self) -> int:
         return int(self.manifest.model_config["item_buckets"])
 
+    @property
+    def history_length(self) -> int:
+        """How many recent items the model reads (0: it reads none)."""
+        return int(self.manifest.model_config.get("history_length", 0))
+
+    def history_idx(self, recent_items: Sequence[str], rows: int) -> torch.Tensor | None:
+        """The recent items (newest first) as the model's history input, the same for `rows` rows."""
+        if not self.history_length:
+            return None
+        hashes, count = history_matrix(np.asarray(recent_items, dtype=object), np.array([len(recent_items)]),
+                                       self.history_length)
+        buckets = (hashes % np.uint64(self.item_buckets)).astype(np.int64)
+        buckets[0, int(count[0]):] = -1
+        return torch.from_numpy(np.repeat(buckets, rows, axis=0))
+
     @torch.no_grad()
-    def score_arrays(self, user_ids: Sequence[str], item_ids: Sequence[str], dense: np.ndarray) -> np.ndarray:
-        """Click probabilities for aligned (user, item, dense features) rows."""
+    def score_arrays(self, user_ids: Sequence[str], item_ids: Sequence[str], dense: np.ndarray,
+                     recent_items: Sequence[str] = ()) -> np.ndarray:
+        """Click probabilities for aligned (user, item, dense features) rows; `recent_items`: the user's
+        newest engaged items, newest first, for a model that reads them (as the samples carry them)."""
         self.model.eval()
         logits = self.model(torch.from_numpy(bucket(user_ids, self.user_buckets)),
                             torch.from_numpy(bucket(item_ids, self.item_buckets)),
-                            torch.from_numpy(np.asarray(dense, dtype=np.float32)))
+                            torch.from_numpy(np.asarray(dense, dtype=np.float32)),
+                            self.history_idx(recent_items, len(item_ids)))
+        return torch.sigmoid(logits).numpy()
+
+    @torch.no_grad()
+    def score_samples(self, samples: Sequence[dict]) -> np.ndarray:
+        """Click probabilities of TrainingSample records, each with its own recent items."""
+        self.model.eval()
+        width = int(self.manifest.model_config["n_dense"])
+        batch = Columns.from_records(samples, width=width, history_length=self.history_length).to_batch(
+            self.user_buckets, self.item_buckets)
+        logits = self.model(batch.user_idx, batch.item_idx, batch.dense, batch.history_idx)
         return torch.sigmoid(logits).numpy()
 
 
@@ -66,6 +94,7 @@ def feature_matrix(reader: FeatureReader, user_id: str, item_ids: Sequence[str])
     return matrix.reshape(len(item_ids), len(FEATURE_NAMES))
 
 
-def score(loaded: LoadedModel, reader: FeatureReader, user_id: str, item_ids: Sequence[str]) -> list[float]:
+def score(loaded: LoadedModel, reader: FeatureReader, user_id: str, item_ids: Sequence[str],
+          recent_items: Sequence[str] = ()) -> list[float]:
     dense = feature_matrix(reader, user_id, item_ids)
-    return loaded.score_arrays([user_id] * len(item_ids), list(item_ids), dense).tolist()
+    return loaded.score_arrays([user_id] * len(item_ids), list(item_ids), dense, recent_items).tolist()

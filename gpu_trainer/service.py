@@ -187,13 +187,14 @@ class TrainerService:
     def _poll(self, max_records: int, stop: bool, last_input: float) -> tuple[Round, Columns]:
         """This process's part of a round: what it polled (nothing once it is to stop), checked, its
         rejects dead-lettered; and its good samples as columns."""
-        good = Columns.from_records([], width=self.n_features)
+        good = Columns.from_records([], width=self.n_features, history_length=self.cfg.history_length)
         offsets: Positions = {}
         rejected = 0
         if not stop:
             polled = self.source.poll(max_records, self.cfg.batch_timeout_ms / 1000.0)
-            columns = (Columns.from_decoded(polled.columns, self.n_features) if polled.columns is not None
-                       else Columns.from_records(polled.records, width=self.n_features))
+            history = self.cfg.history_length
+            columns = (Columns.from_decoded(polled.columns, self.n_features, history) if polled.columns is not None
+                       else Columns.from_records(polled.records, width=self.n_features, history_length=history))
             ok, rejects = check_samples(columns, self.n_features, FEATURE_SET, self.source.topic,
                                         self.cfg.max_id_length)
             self._write_dead_letters(polled.rejected + rejects)

@@ -136,10 +136,12 @@ def _item_ctr(head: Columns, tail: Columns, prior: float = 20.0) -> np.ndarray:
 
 def compare(samples: list[dict], cfg: TrainerSettings, train_fraction: float, period_s: float, batch: int = 256,
             epochs: int = 3, ewc_lambdas: Sequence[float] = (), peer: str | None = None,
-            say: Callable[[str], None] = lambda _: None) -> list[StrategyResult]:
+            say: Callable[[str], None] = lambda _: None, history_length: int = 0) -> list[StrategyResult]:
     """Frozen, periodic, then the real-time variants; EWC runs once per λ in `ewc_lambdas`
-    (default: the configured one); with `peer="river"`, River's FMClassifier last. `say` hears of
-    each strategy as it finishes, and of each periodic refit."""
+    (default: the configured one); with `history_length`, frozen and real-time plain once more with a
+    model reading that many of each sample's recent items (when `cfg` reads none); with
+    `peer="river"`, River's FMClassifier last. `say` hears of each strategy as it finishes, and of
+    each periodic refit."""
     began = time.perf_counter()
 
     def done(result: StrategyResult) -> StrategyResult:
@@ -147,7 +149,7 @@ def compare(samples: list[dict], cfg: TrainerSettings, train_fraction: float, pe
         say(f"[evaluate] {result.name}: AUC {value} ({time.perf_counter() - began:.0f} s in all)")
         return result
 
-    columns = Columns.from_records(samples)
+    columns = Columns.from_records(samples, history_length=max(history_length, cfg.history_length))
     cut = int(len(columns) * train_fraction)
     head, tail = columns.select(np.arange(cut)), columns.select(np.arange(cut, len(columns)))
     results = [done(StrategyResult("frozen (first part)", _predict(_fit(cfg, head, epochs, batch), tail),
@@ -193,6 +195,22 @@ def compare(samples: list[dict], cfg: TrainerSettings, train_fraction: float, pe
         results.append(done(StrategyResult(name, np.concatenate(out), tail.label, tail.event_time_ms,
                                            len(tail) / max(took, 1e-9))))
     results.append(done(_auto(per_batch, _batches(tail, batch), tail, seconds)))
+    if history_length and not cfg.history_length:
+        reading = cfg.model_copy(update={"history_length": history_length, "ema_enabled": False,
+                                         "ewc_enabled": False})
+        results.append(done(StrategyResult(f"frozen + recent items (H={history_length})",
+                                           _predict(_fit(reading, head, epochs, batch), tail), tail.label,
+                                           tail.event_time_ms)))
+        learner = _fit(reading, head, epochs, batch)
+        out = []
+        started = time.perf_counter()
+        for part in _batches(tail, batch):
+            out.append(_predict(learner, part))
+            learner.step(part.to_batch(reading.user_buckets, reading.item_buckets))
+        took = time.perf_counter() - started
+        results.append(done(StrategyResult(f"real-time plain + recent items (H={history_length})",
+                                           np.concatenate(out), tail.label, tail.event_time_ms,
+                                           len(tail) / max(took, 1e-9))))
     if peer == "river":
         from rtrec.peer_baseline import river_fm
 

@@ -18,8 +18,7 @@ def frozen_auc(snapshots: SnapshotStore, version: int, samples: list[dict]) -> l
     later = [r for r in samples if r["event_time"] > frozen.manifest.newest_event_ms]
     if not later:
         return []
-    dense = np.asarray([r["features"] for r in later], dtype=np.float32)
-    probs = frozen.score_arrays([r["user_id"] for r in later], [r["item_id"] for r in later], dense)
+    probs = frozen.score_samples(later)
     times = np.array([r["event_time"] for r in later])
     labels = np.array([r["label"] for r in later])
     edges = np.linspace(times.min(), times.max() + 1, 11)

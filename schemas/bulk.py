@@ -38,6 +38,7 @@ _STEPS = np.arange(_MAX_VARINT, dtype=np.int64)
 _SHIFTS = (7 * _STEPS).astype(np.uint64)
 _NUMERIC = {"int": np.int64, "long": np.int64, "boolean": np.bool_, "float": np.float32, "double": np.float64}
 _FIXED_WIDTH = {"float": (4, "<f4"), "double": (8, "<f8")}
+_MAX_BULK_ITEMS = 256  # a longer string or integer array is read one by one
 
 
 @dataclass
@@ -47,7 +48,8 @@ class BulkDecoded:
     `columns`: strings as object arrays; int and long as int64; a nullable field (`["null", T]`) as
     float64 with NaN for null when T is numeric, as objects with None when T is a string; an array
     field as a float matrix [rows, width] (cut or zero-padded to the width asked for) with each row's
-    own item count in `lengths[name]`. `rows`: each column row's index in the input;
+    own item count in `lengths[name]`; an array of strings or integers (any count per row) as the flat
+    items of all rows in order, each row's count in `lengths[name]`. `rows`: each column row's index in the input;
     `rejected`: (input index, reason) of the rows that could not be decoded."""
 
     columns: dict[str, np.ndarray]
@@ -65,6 +67,8 @@ def _field_kind(avro_type: Any) -> tuple[str, str]:
         items, base = avro_type.get("items"), avro_type.get("type")
         if base == "array" and isinstance(items, str) and items in _FIXED_WIDTH:
             return "array", items
+        if base == "array" and items in ("string", "int", "long"):
+            return "list", items
         if isinstance(base, str) and (base in _NUMERIC or base == "string"):  # logical types
             return _field_kind(avro_type["type"])
     elif isinstance(avro_type, list):
@@ -114,7 +118,11 @@ class BulkDecoder:
         if records:
             slow_columns, slow_lengths = self._from_records(records, widths)
             order = np.argsort(np.concatenate([ok_rows, kept_slow]), kind="stable")
-            columns = {k: np.concatenate([columns[k], slow_columns[k]])[order] for k in columns}
+            ragged = {name for name, kind, _ in self.fields if kind == "list"}
+            for k in columns:
+                both = np.concatenate([columns[k], slow_columns[k]])
+                columns[k] = (take_ragged(both, np.concatenate([lengths[k], slow_lengths[k]]), order)
+                              if k in ragged else both[order])
             lengths = {k: np.concatenate([lengths[k], slow_lengths[k]])[order] for k in lengths}
             rows = np.sort(np.concatenate([ok_rows, kept_slow]))
         else:
@@ -134,6 +142,10 @@ class BulkDecoder:
             elif kind == "nullable":
                 columns[name] = (np.array(got, dtype=object) if element == "string" else
                                  np.array([np.nan if v is None else _as_number(v) for v in got], dtype=np.float64))
+            elif kind == "list":
+                columns[name] = np.array([v for row in got for v in row],
+                                         dtype=object if element == "string" else np.int64)
+                lengths[name] = np.array([len(row) for row in got], dtype=np.int64)
             else:
                 width = widths.setdefault(name, len(got[0]))
                 matrix = np.zeros((len(got), width), dtype=_FIXED_WIDTH[element][1])
@@ -152,14 +164,30 @@ def _as_number(value: Any) -> Any:
     return value
 
 
+def take_ragged(flat: np.ndarray, lengths: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The flat items of `rows` (indices or a bool mask) of a ragged column, in that row order.
+
+    >>> take_ragged(np.array([1, 2, 3, 4, 5, 6]), np.array([2, 0, 1, 3]), np.array([3, 0])).tolist()
+    [4, 5, 6, 1, 2]
+    """
+    rows = np.flatnonzero(rows) if rows.dtype == bool else rows
+    starts = np.cumsum(lengths) - lengths
+    counts = lengths[rows]
+    first = np.repeat(starts[rows] - (np.cumsum(counts) - counts), counts)
+    return flat[first + np.arange(int(counts.sum()))]
+
+
 @dataclass
 class _Parsed:
     ok: np.ndarray  # bool per record
     columns: dict[str, np.ndarray]
     lengths: dict[str, np.ndarray]
+    ragged: frozenset[str] = frozenset()
 
     def take(self, mask: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        return ({k: v[mask] for k, v in self.columns.items()}, {k: v[mask] for k, v in self.lengths.items()})
+        columns = {k: take_ragged(v, self.lengths[k], mask) if k in self.ragged else v[mask]
+                   for k, v in self.columns.items()}
+        return columns, {k: v[mask] for k, v in self.lengths.items()}
 
 
 def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict[str, int]) -> _Parsed:
@@ -246,8 +274,29 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
         if width:
             ok[varint() != 0] = False  # not the end of the array: more blocks, one by one
 
+    def items(name: str, element: str) -> None:
+        """An array of any count per record, in one block (a negative count, a block with its byte size,
+        or more blocks send the record one by one)."""
+        count = varint()
+        ok[count < 0] = False
+        count = np.where(ok, count, 0)
+        most = int(count.max()) if n else 0
+        if most > _MAX_BULK_ITEMS:
+            ok[count > _MAX_BULK_ITEMS] = False
+            count = np.where(ok, count, 0)
+            most = int(count.max())
+        got = np.empty((n, most), dtype=object if element == "string" else np.int64)
+        for j in range(most):
+            got[:, j] = string(count > j) if element == "string" else number(element, count > j)
+        ok[varint(count > 0) != 0] = False
+        count = np.where(ok, count, 0)
+        columns[name] = got[np.arange(most)[None, :] < count[:, None]]
+        lengths[name] = count
+
     for name, kind, element in fields:
-        if kind == "string":
+        if kind == "list":
+            items(name, element)
+        elif kind == "string":
             columns[name] = string()
         elif kind == "numeric":
             columns[name] = number(element)
@@ -264,4 +313,4 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
         else:
             array(name, element)
     ok[pos != ends] = False
-    return _Parsed(ok, columns, lengths)
+    return _Parsed(ok, columns, lengths, frozenset(name for name, kind, _ in fields if kind == "list"))

@@ -1,17 +1,22 @@
-"""Matrix factorisation with biases and a linear term over the dense window features."""
+"""Matrix factorisation with biases and a linear term over the dense window features.
+
+With `history_length`, the user's side also holds the mean of the item embeddings of the user's
+recent items (as SVD++ adds implicit feedback to the user factor), so a user's tastes of the last
+minutes score candidates before the user's own embedding has moved."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from gpu_trainer.models.common import signed_log1p
+from gpu_trainer.models.common import mean_pool, signed_log1p
 
 
 class IncrementalMF(nn.Module):
     def __init__(self, user_buckets: int, item_buckets: int, n_dense: int, embedding_dim: int = 32,
-                 init_std: float = 0.01) -> None:
+                 init_std: float = 0.01, history_length: int = 0) -> None:
         super().__init__()
+        self.history_length = history_length
         self.user = nn.Embedding(user_buckets, embedding_dim, sparse=True)
         self.item = nn.Embedding(item_buckets, embedding_dim, sparse=True)
         self.user_bias = nn.Embedding(user_buckets, 1, sparse=True)
@@ -29,7 +34,11 @@ class IncrementalMF(nn.Module):
         with torch.no_grad():
             self.dense.bias.fill_(logit)
 
-    def forward(self, user_idx: torch.Tensor, item_idx: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-        interaction = (self.user(user_idx) * self.item(item_idx)).sum(-1)
+    def forward(self, user_idx: torch.Tensor, item_idx: torch.Tensor, dense: torch.Tensor,
+                history_idx: torch.Tensor | None = None) -> torch.Tensor:
+        user = self.user(user_idx)
+        if self.history_length and history_idx is not None:
+            user = user + mean_pool(self.item, history_idx)
+        interaction = (user * self.item(item_idx)).sum(-1)
         biases = self.user_bias(user_idx).squeeze(-1) + self.item_bias(item_idx).squeeze(-1)
         return interaction + biases + self.dense(signed_log1p(dense)).squeeze(-1)

@@ -69,7 +69,7 @@ def evaluate_command(settings: Settings, paths: tuple[Path, ...], synthetic_even
         raise click.ClickException(f"only {len(samples)} samples: too few to compare strategies")
     cfg = settings.trainer.model_copy(update={"user_buckets": 1 << 16, "item_buckets": 1 << 14})
     results = compare(samples, cfg, train_fraction, period_hours * 3600, ewc_lambdas=ewc_lambdas, peer=peer,
-                      say=say)
+                      say=say, history_length=settings.flink.history_length)
     table, plot = write_report(results, out_dir)
     click.echo(table)
     click.echo(f"plot: {plot}")

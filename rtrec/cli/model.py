@@ -52,16 +52,19 @@ def rollback(settings: Settings, to_version: int) -> None:
 @model_group.command("score")
 @click.option("--user", required=True)
 @click.option("--items", required=True, help="Comma-separated item ids.")
+@click.option("--recent", default="", help="The user's newest engaged items, newest first, comma-separated "
+              "(read by a model trained with trainer.history_length > 0).")
 @click.pass_obj
-def score_items(settings: Settings, user: str, items: str) -> None:
+def score_items(settings: Settings, user: str, items: str, recent: str) -> None:
     """Score items for a user with the current snapshot and the online features."""
     item_ids = [i.strip() for i in items.split(",") if i.strip()]
+    recent_items = [i.strip() for i in recent.split(",") if i.strip()]
     try:
         loaded = load_current(_registry(settings))
     except SnapshotError as exc:
         raise click.ClickException(str(exc)) from exc
     reader = RedisFeatureStore.from_settings(settings.redis)
-    scores = score(loaded, reader, user, item_ids)
+    scores = score(loaded, reader, user, item_ids, recent_items)
     click.echo(f"model v{loaded.manifest.version}")
     for item, s in sorted(zip(item_ids, scores, strict=True), key=lambda p: -p[1]):
         click.echo(f"{item}\t{s:.6f}")

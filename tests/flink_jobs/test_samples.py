@@ -12,7 +12,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_labels_and_point_in_time_features(settings: Settings) -> None:
-    s = job_settings(settings, horizons_s=None, attribution_window_s=5)
+    s = job_settings(settings, horizons_s=None, attribution_window_s=5, history_length=3, history_lookback_s=10)
     create_topics(s)
     events = [
         event("a1", "impression", "u1", "i1", 100), event("a2", "click", "u1", "i1", 200),
@@ -21,13 +21,26 @@ def test_labels_and_point_in_time_features(settings: Settings) -> None:
         event("c_at", "click", "u1", "i1", 6000),  # same instant as p: not in p's features, not its label
         event("c_after", "like", "u1", "i1", 7000),  # within 5 s after p: p is positive
         event("q", "impression", "u2", "i3", 6500),
+        # u3's history: the newest three, ties in time by item, nothing at or after the impression
+        event("h1", "click", "u3", "i1", 8100), event("h2", "like", "u3", "i2", 9000),
+        event("h4", "click", "u3", "i4", 10_000), event("h3", "cart", "u3", "i3", 10_000),
+        event("h5", "order", "u3", "i5", 11_000),
+        event("r", "impression", "u3", "i9", 13_000), event("h6", "click", "u3", "i6", 13_000),
+        event("old", "impression", "u3", "i9", 22_000),  # 10 s lookback: only h6 is recent enough
         event("flush", "impression", "u9", "i9", 120_000),
     ]
     with running_job(s):
         produce(s, events)
-        got = wait_for(s, s.kafka.topics.samples, "TrainingSample", lambda got: len(got.records) >= 4)
+        got = wait_for(s, s.kafka.topics.samples, "TrainingSample", lambda got: len(got.records) >= 6)
     samples = {r["sample_id"]: r for r in got.records}
-    assert set(samples) == {"a1", "a3", "p", "q"}  # flush's attribution window is still open
+    assert set(samples) == {"a1", "a3", "p", "q", "r", "old"}  # flush's attribution window is still open
+    def history(sample_id: str) -> list[tuple[str, str, int]]:
+        r = samples[sample_id]
+        return list(zip(r["recent_items"], r["recent_types"], r["recent_ages_ms"], strict=True))
+    assert history("r") == [("i5", "order", 2000), ("i3", "cart", 3000), ("i4", "click", 3000)]
+    assert history("old") == [("i6", "click", 9000)]
+    assert history("p") == [("i1", "click", 5800)]  # not c_at, at the same instant
+    assert history("a3") == [("i1", "click", 2900)] and history("a1") == [] and history("q") == []
     p = samples["p"]
     assert p["label"] == 1 and p["user_id"] == "u1" and p["event_time"] == T + 6000
     features = dict(zip(FEATURE_NAMES, p["features"], strict=True))

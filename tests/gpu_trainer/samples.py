@@ -20,9 +20,13 @@ def make_samples(n: int, seed: int = 0, start: int = 0, random_labels: bool = Fa
     features = rng.random((n, len(FEATURE_NAMES))).astype(np.float32) * 10
     p = 1 / (1 + np.exp(-(taste[users, items] + 0.8 * (features[:, 0] - 5.0) - 1.0)))
     labels = (rng.random(n) < (0.3 if random_labels else p)).astype(int)
+    recent = rng.integers(0, 4, n)  # as the job writes them: the user's newest engaged items
+    liked = np.argsort(-taste[users], axis=1)[:, :3]
     return [{"sample_id": f"s{start + k}", "user_id": f"u{users[k]}", "item_id": f"i{items[k]}",
              "event_time": event_time_ms + start + k, "label": int(labels[k]), "features": features[k].tolist(),
-             "feature_set": FEATURE_SET, "position": None} for k in range(n)]
+             "feature_set": FEATURE_SET, "position": None,
+             "recent_items": [f"i{j}" for j in liked[k, :recent[k]]], "recent_types": ["click"] * int(recent[k]),
+             "recent_ages_ms": [1000 * (j + 1) for j in range(recent[k])]} for k in range(n)]
 
 
 def produce_samples(settings: Settings, samples: list[dict]) -> None:

@@ -16,7 +16,7 @@ from core.settings import Settings
 from feature_store.redis_store import RedisFeatureStore
 from gpu_trainer.model_registry import ModelRegistry
 from gpu_trainer.onnx_export import export_onnx
-from gpu_trainer.scoring import feature_matrix, load_current
+from gpu_trainer.scoring import feature_matrix, load_current, load_snapshot
 from gpu_trainer.service import TrainerService
 from gpu_trainer.snapshots import SnapshotStore
 from rtrec.cli.main import cli
@@ -83,6 +83,21 @@ def test_trains_every_sample_once_dead_letters_bad_ones_and_publishes(settings: 
                  "rtrec_trainer_samples_per_second", "rtrec_trainer_prequential_logloss",
                  'rtrec_trainer_embedding_collision_rate{table="user"}'):
         assert name in scraped, name
+
+
+def test_a_model_reading_recent_items_trains_publishes_and_scores(settings: Settings, tmp_path: Path) -> None:
+    s = trainer_settings(settings, tmp_path, history_length=3)
+    samples = make_samples(4000, seed=7)
+    produce_samples(s, samples)
+    summary = TrainerService.from_settings(s).run(idle_exit_s=3.0)
+    assert summary.samples_trained == 4000 and summary.dead_lettered == 0
+    store = SnapshotStore(s.trainer.snapshot_dir)
+    loaded = load_snapshot(store, store.latest_version())  # the final one: every sample trained
+    assert loaded.history_length == 3 and loaded.manifest.sample_digest == digest(samples)
+    scores = loaded.score_samples(samples[-500:])
+    assert np.isfinite(scores).all()
+    without = loaded.score_samples([dict(r, recent_items=[]) for r in samples[-500:]])
+    assert not np.allclose(scores, without)  # the recent items move the scores
 
 
 def test_restart_resumes_from_the_snapshot_offsets(settings: Settings, tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from schemas.bulk import BulkDecoder
-from schemas.serde import SerdeError, deserializer, serializer
+from schemas.registry import history
+from schemas.serde import SerdeError, Serializer, deserializer, serializer
 from tests.gpu_trainer.samples import make_samples
 
 
@@ -40,6 +41,12 @@ def assert_same(values: list[bytes | None], headers: list[bytes | None], width: 
         assert got.lengths["features"][j] == len(record["features"])
         np.testing.assert_array_equal(got.columns["features"][j, :kept], np.float32(record["features"][:kept]))
         assert not got.columns["features"][j, kept:].any()
+    starts = np.cumsum(got.lengths["recent_items"]) - got.lengths["recent_items"]
+    for j, record in enumerate(records):
+        for name in ("recent_items", "recent_types", "recent_ages_ms"):
+            count = int(got.lengths[name][j])
+            assert count == len(record[name]), (name, j)
+            assert got.columns[name][starts[j]:starts[j] + count].tolist() == record[name], (name, j)
 
 
 def encoded(n: int, seed: int) -> tuple[list[bytes], bytes]:
@@ -51,6 +58,10 @@ def encoded(n: int, seed: int) -> tuple[list[bytes], bytes]:
             s["position"] = int(rng.integers(-5, 1_000_000))
         if k % 7 == 0:
             s["user_id"] = "ünïcødé-" + s["user_id"]
+        recent = int(rng.integers(0, 6))
+        s["recent_items"] = [f"i{rng.integers(0, 1000)}" + ("é" if k % 5 == 0 else "") for _ in range(recent)]
+        s["recent_types"] = ["click"] * recent
+        s["recent_ages_ms"] = sorted(int(a) for a in rng.integers(1, 10**12, recent))
     return [enc(s) for s in samples], enc.header_value
 
 
@@ -94,6 +105,27 @@ def test_ragged_feature_arrays_keep_their_own_length_and_the_asked_width() -> No
     samples[5]["features"] = []
     values = [enc(s) for s in samples]
     assert_same(values, [enc.header_value] * len(values), width=len(samples[0]["features"]))
+
+
+def test_records_of_the_earlier_version_read_with_empty_histories() -> None:
+    old = Serializer(history("TrainingSample")[0])
+    values, header = encoded(50, seed=9)
+    samples = make_samples(5, seed=3)
+    mixed = [old(s) for s in samples] + values
+    headers = [old.header_value] * 5 + [header] * len(values)
+    got = BulkDecoder("TrainingSample").decode(mixed, headers, widths={"features": len(samples[0]["features"])})
+    assert got.rows.tolist() == list(range(55)) and got.lengths["recent_items"][:5].tolist() == [0] * 5
+    assert_same(mixed, headers, len(samples[0]["features"]))
+
+
+def test_long_histories_are_read_one_by_one_with_the_same_result() -> None:
+    values, header = encoded(20, seed=4)
+    enc = serializer("TrainingSample")
+    long = make_samples(1, seed=5)[0]
+    long.update(recent_items=[f"i{k}" for k in range(300)], recent_types=["like"] * 300,
+                recent_ages_ms=list(range(1, 301)))
+    values.insert(7, enc(long))
+    assert_same(values, [header] * len(values), len(long["features"]))
 
 
 def test_an_empty_batch_and_a_batch_of_garbage() -> None:

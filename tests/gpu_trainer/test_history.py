@@ -1,0 +1,103 @@
+"""The models read a sample's recent items: on a stream where only the recent items tell a user's
+taste (every user is new), a model reading them ranks and one without cannot; scoring a snapshot
+and the row-sparse bookkeeping see the same inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from core.settings import TrainerSettings
+from gpu_trainer.batch import Columns, bucket
+from gpu_trainer.learner import Learner
+from gpu_trainer.onnx_export import export_onnx
+from gpu_trainer.prequential import auc
+from gpu_trainer.scoring import LoadedModel
+
+
+def taste_stream(n: int, rng: np.random.Generator, offset: int, items: int = 40, recent: int = 5) -> Columns:
+    """Two clusters of items; each sample's user is new and has engaged with `recent` items of one
+    cluster; the candidate is clicked mostly when it is of that cluster."""
+    taste = rng.integers(0, 2, n)
+    candidate = rng.integers(0, 2 * items, n)
+    history = taste[:, None] * items + rng.integers(0, items, (n, recent))
+    p = np.where(candidate // items == taste, 0.8, 0.1)
+    records = [{"sample_id": f"s{offset + k}", "user_id": f"u{offset + k}", "item_id": f"i{candidate[k]}",
+                "features": [0.0, 0.0], "label": int(rng.random() < p[k]), "event_time": offset + k,
+                "feature_set": "v1", "recent_items": [f"i{j}" for j in history[k]]} for k in range(n)]
+    return Columns.from_records(records, width=2, history_length=recent)
+
+
+def prequential_auc(model: str, history_length: int) -> float:
+    cfg = TrainerSettings(model=model, history_length=history_length, user_buckets=1 << 16, item_buckets=1024,
+                          embedding_dim=8, lr=0.05)
+    learner = Learner(cfg, n_dense=2, device=torch.device("cpu"))
+    rng = np.random.default_rng(0)
+    scores, labels = [], []
+    for k in range(40):
+        batch = taste_stream(256, rng, k * 256).to_batch(cfg.user_buckets, cfg.item_buckets)
+        if k >= 25:
+            scores.append(learner.predict(batch))
+            labels.append(batch.label.numpy())
+        learner.step(batch)
+    value = auc(np.concatenate(scores), np.concatenate(labels))
+    assert value is not None
+    return value
+
+
+@pytest.mark.parametrize("model", ["mf", "deepfm"])
+def test_a_model_reading_recent_items_learns_tastes_a_model_without_them_cannot(model: str) -> None:
+    reading, blind = prequential_auc(model, history_length=5), prequential_auc(model, history_length=0)
+    assert reading > 0.75 and blind < 0.6, (reading, blind)
+
+
+def test_short_histories_pad_and_old_samples_have_none() -> None:
+    records = [{"sample_id": "a", "user_id": "u", "item_id": "i", "features": [1.0], "label": 1, "event_time": 1,
+                "feature_set": "v1", "recent_items": ["x", "y", "z"]},
+               {"sample_id": "b", "user_id": "u", "item_id": "i", "features": [1.0], "label": 0, "event_time": 2,
+                "feature_set": "v1"}]
+    batch = Columns.from_records(records, width=1, history_length=2).to_batch(8, 64)
+    assert batch.history_idx is not None and batch.history_idx.shape == (2, 2)
+    assert (batch.history_idx[0] >= 0).all() and (batch.history_idx[1] == -1).all()
+    assert Columns.from_records(records, width=1).to_batch(8, 64).history_idx is None
+
+
+def test_the_recent_items_rows_count_as_touched() -> None:
+    cfg = TrainerSettings(history_length=3, user_buckets=64, item_buckets=64, ema_enabled=True)
+    learner = Learner(cfg, n_dense=2, device=torch.device("cpu"))
+    batch = taste_stream(32, np.random.default_rng(1), 0, recent=3).to_batch(64, 64)
+    assert batch.history_idx is not None
+    touched = learner._touched_rows(batch)["item.weight"]
+    assert set(batch.history_idx.flatten().tolist()) <= set(touched.tolist())
+
+
+def test_scoring_and_onnx_feed_the_recent_items(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    cfg = TrainerSettings(history_length=5, user_buckets=1 << 10, item_buckets=1024, embedding_dim=8, lr=0.05)
+    learner = Learner(cfg, n_dense=2, device=torch.device("cpu"))
+    rng = np.random.default_rng(2)
+    for k in range(20):
+        learner.step(taste_stream(256, rng, k * 256).to_batch(cfg.user_buckets, cfg.item_buckets))
+    loaded = LoadedModel(SimpleNamespace(model_config=learner.config), learner.model)  # type: ignore[arg-type]
+    candidates = [f"i{k}" for k in range(80)]
+    dense = np.zeros((80, 2), np.float32)
+    for taste in (0, 1):
+        recent = [f"i{taste * 40 + k}" for k in range(5)]
+        scores = loaded.score_arrays(["new-user"] * 80, candidates, dense, recent)
+        assert scores[taste * 40:(taste + 1) * 40].mean() > scores[(1 - taste) * 40:(2 - taste) * 40].mean() + 0.2
+        records = [{"sample_id": "s", "user_id": "new-user", "item_id": c, "features": [0.0, 0.0], "label": 0,
+                    "event_time": 1, "feature_set": "v1", "recent_items": recent} for c in candidates]
+        np.testing.assert_allclose(loaded.score_samples(records), scores, rtol=1e-6)
+        path = export_onnx(loaded, tmp_path / f"model-{taste}.onnx")
+        session = ort.InferenceSession(str(path))
+        history = loaded.history_idx(recent, 80)
+        assert history is not None
+        got = session.run(None, {"user_idx": bucket(["new-user"] * 80, loaded.user_buckets),
+                                 "item_idx": bucket(candidates, loaded.item_buckets), "dense": dense,
+                                 "history_idx": history.numpy()})[0]
+        np.testing.assert_allclose(got, scores, rtol=1e-5, atol=1e-6)
