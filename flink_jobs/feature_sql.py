@@ -19,11 +19,19 @@ def _count(event_type: str) -> str:
 
 def interval(seconds: int) -> str:
     """A seconds interval literal with enough leading precision (the default, 2 digits, stops at 99).
+    Flink takes at most 3 digits of seconds, so from 1000 s on it is written in days to seconds.
 
-    >>> interval(600)
-    "INTERVAL '600' SECOND(3)"
+    >>> interval(600), interval(3600), interval(100_000)
+    ("INTERVAL '600' SECOND(3)", "INTERVAL '0 01:00:00' DAY TO SECOND", "INTERVAL '1 03:46:40' DAY TO SECOND")
     """
-    return f"INTERVAL '{seconds}' SECOND({max(2, len(str(seconds)))})"
+    if seconds < 1000:
+        return f"INTERVAL '{seconds}' SECOND({max(2, len(str(seconds)))})"
+    minutes, secs = divmod(seconds, 60)
+    hours, mins = divmod(minutes, 60)
+    days, hrs = divmod(hours, 24)
+    if days > 99:
+        raise ValueError(f"an interval of {seconds} s is over Flink's 99 days")
+    return f"INTERVAL '{days} {hrs:02d}:{mins:02d}:{secs:02d}' DAY TO SECOND"
 
 
 def window_table(size_s: int, slide_s: int, source: str = "events") -> str:
