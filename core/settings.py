@@ -359,7 +359,7 @@ class FlinkSettings(Section):
     # Each sample carries its user's newest engagements (clicks, likes, carts, orders) from before the
     # impression: at most history_length of them, none older than history_lookback_s. 0: none.
     history_length: int = Field(default=10, ge=0, le=100)
-    history_lookback_s: int = Field(default=600, gt=0)
+    history_lookback_s: int = Field(default=3600, gt=0)
     max_future_skew_ms: int = 3_600_000
     max_event_age_ms: int | None = None  # None: any age (historical replays); else older is malformed
     # Earlier event times are unit errors (seconds taken for milliseconds land in January 1970), not

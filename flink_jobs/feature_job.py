@@ -16,13 +16,14 @@ from flink_jobs.feature_sql import dead_letters_sql, decoded_view_sql, good_even
 from flink_jobs.range_options import connector_options
 from flink_jobs.sample_sql import (
     base_rows_sql,
+    engagement_lists_sql,
     engagements_sql,
     feature_rows_sql,
     feature_window_sql,
-    history_rows_sql,
     impressions_sql,
     label_rows_sql,
     samples_sql,
+    user_recent_sql,
 )
 from schemas.feature_set import HORIZONS_S
 
@@ -104,9 +105,13 @@ def add_samples(settings: Settings, t_env: TableEnvironment, statements: Stateme
     t_env.create_temporary_view("impressions", t_env.sql_query(impressions_sql("sample_events")))
     t_env.create_temporary_view("engagements", t_env.sql_query(engagements_sql("sample_events")))
     t_env.create_java_temporary_system_function("RTREC_RECENT_ENGAGEMENTS", "dev.rtrec.flink.RecentEngagements")
-    parts = [base_rows_sql(), label_rows_sql(f.attribution_window_s)]
+    t_env.create_java_temporary_system_function("RTREC_RECENT_BEFORE", "dev.rtrec.flink.RecentBefore")
+    user_recent = None
     if f.history_length > 0:
-        parts.append(history_rows_sql(f.history_lookback_s))
+        t_env.create_temporary_view("engagement_lists", t_env.sql_query(engagement_lists_sql(f.history_length)))
+        t_env.create_temporary_view("user_recent", t_env.sql_query(user_recent_sql("engagement_lists")))
+        user_recent = "user_recent"
+    parts = [base_rows_sql(user_recent), label_rows_sql(f.attribution_window_s)]
     for entity in ("user", "item"):
         for h in HORIZONS_S:
             view = f"f_{entity}_{h}"
@@ -117,4 +122,5 @@ def add_samples(settings: Settings, t_env: TableEnvironment, statements: Stateme
     t_env.execute_sql(avro_sink_ddl("samples_sink", "TrainingSample", k.topics.samples, k.bootstrap_servers,
                                     exactly_once, f"rtrec-{job_id}-samples", key_field="user_id",
                                     client=k.security.flink_connector()))
-    statements.add_insert_sql(f"INSERT INTO samples_sink {samples_sql('sample_rows', f.window_s, f.history_length)}")
+    samples = samples_sql("sample_rows", f.window_s, f.history_length, f.history_lookback_s)
+    statements.add_insert_sql(f"INSERT INTO samples_sink {samples}")

@@ -4,8 +4,9 @@ pair within the attribution window, carrying the features as of the impression t
 Point in time: an impression at t joins, per entity and horizon, the one window with
 t - slide < window_end <= t (written on window_time = window_end - 1 ms as an interval join). A
 window is [start, end), so nothing at or after t is in it: a click at t cannot leak into the
-features of the impression at t. The user's recent engagements join the same way, strictly before t
-and within the history lookback, and an aggregate keeps the newest of them. Every joined row, the
+features of the impression at t. The user's recent engagements are a list per user, a new version at
+each engagement; the impression looks its user's list up as of t (an event-time temporal join, which
+holds nothing back beyond the watermark) and keeps the entries strictly before t. Every joined row, the
 impression itself and its label rows meet in a tumbling window on the impression time, which closes
 once the watermark has passed the attribution window: that is when a sample is emitted.
 
@@ -23,7 +24,8 @@ _AGG_COLUMNS = {"impressions": "CAST(impressions AS DOUBLE)", "clicks": "CAST(cl
                 "likes": "CAST(likes AS DOUBLE)", "ctr": "ctr", "dwell_mean_ms": "dwell_mean_ms"}
 _NULL_FEATURES = ", ".join(f"CAST(NULL AS DOUBLE) AS f_{a}" for a in AGGREGATES)
 _ROW_HEAD = "i.event_id, i.user_id, i.item_id, i.`position`, i.event_time_ms, i.event_time AS t"
-_NO_HISTORY = "CAST(NULL AS STRING) AS seq_item, CAST(NULL AS STRING) AS seq_type, CAST(NULL AS BIGINT) AS seq_time_ms"
+_NO_HISTORY = ("CAST(NULL AS ARRAY<STRING>) AS h_items, CAST(NULL AS ARRAY<STRING>) AS h_types, "
+               "CAST(NULL AS ARRAY<BIGINT>) AS h_times")
 
 
 def impressions_sql(source: str) -> str:
@@ -48,9 +50,30 @@ FROM TABLE({window_table(size_s, slide_s, source)})
 GROUP BY window_start, window_end, window_time, {key}"""
 
 
-def base_rows_sql() -> str:
-    return (f"SELECT {_ROW_HEAD}, 0 AS label, CAST(NULL AS STRING) AS kind, {_NULL_FEATURES}, {_NO_HISTORY} "
-            "FROM impressions i")
+def engagement_lists_sql(history_length: int) -> str:
+    """Per engagement, its user's newest engagements up to and including it. Twice the length the
+    samples keep: entries at the impression's own millisecond are cut from the list it reads."""
+    return f"""SELECT user_id, event_time,
+  RTREC_RECENT_ENGAGEMENTS(item_id, event_type, event_time_ms, {2 * int(history_length)}) OVER (
+    PARTITION BY user_id ORDER BY event_time ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS recent
+FROM engagements"""
+
+
+def user_recent_sql(lists: str) -> str:
+    """The lists as a versioned table keyed by user (the newest version per event time)."""
+    return f"""SELECT user_id, event_time, recent FROM (
+  SELECT *, ROW_NUMBER() OVER (PARTITION BY user_id ORDER BY event_time DESC) AS rn FROM {lists})
+WHERE rn = 1"""
+
+
+def base_rows_sql(user_recent: str | None = None) -> str:
+    """The impression's own row; with `user_recent`, carrying its user's list as of the impression."""
+    if user_recent is None:
+        return (f"SELECT {_ROW_HEAD}, 0 AS label, CAST(NULL AS STRING) AS kind, {_NULL_FEATURES}, {_NO_HISTORY} "
+                "FROM impressions i")
+    return f"""SELECT {_ROW_HEAD}, 0 AS label, CAST(NULL AS STRING) AS kind, {_NULL_FEATURES},
+  r.recent.items AS h_items, r.recent.types AS h_types, r.recent.times_ms AS h_times
+FROM impressions i LEFT JOIN {user_recent} FOR SYSTEM_TIME AS OF i.event_time AS r ON i.user_id = r.user_id"""
 
 
 def label_rows_sql(attribution_s: int) -> str:
@@ -69,16 +92,7 @@ FROM impressions i JOIN {view} f
   AND f.window_time < i.event_time AND f.window_time >= i.event_time - {interval(slide_s)}"""
 
 
-def history_rows_sql(lookback_s: int) -> str:
-    """The user's engagements in [t - lookback, t): strictly before the impression, as its features are."""
-    return f"""SELECT {_ROW_HEAD}, 0 AS label, 'history' AS kind, {_NULL_FEATURES},
-  e.item_id AS seq_item, e.event_type AS seq_type, e.event_time_ms AS seq_time_ms
-FROM impressions i JOIN engagements e
-  ON i.user_id = e.user_id
-  AND e.event_time < i.event_time AND e.event_time >= i.event_time - {interval(lookback_s)}"""
-
-
-def samples_sql(rows_view: str, window_s: int, history_length: int) -> str:
+def samples_sql(rows_view: str, window_s: int, history_length: int, lookback_s: int) -> str:
     features = []
     for name in FEATURE_NAMES:
         entity, horizon, agg = name.split(".")
@@ -95,7 +109,8 @@ FROM (SELECT
   ARRAY[{", ".join(features)}] AS features,
   {quote(FEATURE_SET)} AS feature_set,
   MAX(`position`) AS `position`,
-  RTREC_RECENT_ENGAGEMENTS(seq_item, seq_type, seq_time_ms, event_time_ms, {int(history_length)}) AS recent,
+  RTREC_RECENT_BEFORE(h_items, h_types, h_times, event_time_ms, CAST({int(lookback_s) * 1000} AS BIGINT),
+    {int(history_length)}) AS recent,
   {header_literal('TrainingSample')} AS headers
 FROM TABLE(TUMBLE(TABLE {rows_view}, DESCRIPTOR(t), {interval(window_s)}))
 GROUP BY window_start, window_end, event_id, user_id, item_id) s"""

@@ -6,16 +6,16 @@ import org.apache.flink.table.functions.AggregateFunction;
 import org.apache.flink.types.Row;
 
 /**
- * The most recent engagements of a sample's user, newest first: an aggregate over the rows of one
- * impression that keeps at most {@code maxItems} of its (item, type, time) inputs, by time, and gives
- * their ages at the impression time. Rows without an item (the impression's other rows) add nothing.
+ * A user's newest engagements, newest first: an aggregate over the user's engagements (an OVER
+ * window) that keeps at most {@code maxItems} (item, type, time) of them, by time. Its rows are the
+ * versions of the user's list, which impressions look up as of their own time ({@link RecentBefore}).
  *
- * <p>Ties in time are broken by item, then type, so a replay gives the same sequence whatever the
- * order the rows arrived in. The state is bounded by {@code maxItems} per open sample.
+ * <p>Ties in time are broken by item, then type, so a replay gives the same list whatever the order
+ * the rows arrived in. The state is bounded by {@code maxItems} per user.
  */
 @FunctionHint(output = @DataTypeHint(
     "ROW<items ARRAY<STRING NOT NULL> NOT NULL, types ARRAY<STRING NOT NULL> NOT NULL, "
-        + "ages_ms ARRAY<BIGINT NOT NULL> NOT NULL>"))
+        + "times_ms ARRAY<BIGINT NOT NULL> NOT NULL>"))
 public class RecentEngagements extends AggregateFunction<Row, RecentEngagements.Recent> {
 
   /** The kept engagements, newest first. */
@@ -23,7 +23,6 @@ public class RecentEngagements extends AggregateFunction<Row, RecentEngagements.
     public String[] items = new String[0];
     public String[] types = new String[0];
     public long[] times = new long[0];
-    public long impressionMs;
     public int maxItems;
   }
 
@@ -32,10 +31,7 @@ public class RecentEngagements extends AggregateFunction<Row, RecentEngagements.
     return new Recent();
   }
 
-  public void accumulate(Recent acc, String item, String type, Long timeMs, Long impressionMs, Integer maxItems) {
-    if (impressionMs != null) {
-      acc.impressionMs = impressionMs;
-    }
+  public void accumulate(Recent acc, String item, String type, Long timeMs, Integer maxItems) {
     if (maxItems != null) {
       acc.maxItems = maxItems;
     }
@@ -47,7 +43,6 @@ public class RecentEngagements extends AggregateFunction<Row, RecentEngagements.
 
   public void merge(Recent acc, Iterable<Recent> others) {
     for (Recent other : others) {
-      acc.impressionMs = Math.max(acc.impressionMs, other.impressionMs);
       acc.maxItems = Math.max(acc.maxItems, other.maxItems);
       for (int k = 0; k < other.items.length; k++) {
         insert(acc, other.items[k], other.types[k], other.times[k], acc.maxItems);
@@ -96,10 +91,10 @@ public class RecentEngagements extends AggregateFunction<Row, RecentEngagements.
 
   @Override
   public Row getValue(Recent acc) {
-    Long[] ages = new Long[acc.times.length];
-    for (int k = 0; k < ages.length; k++) {
-      ages[k] = acc.impressionMs - acc.times[k];
+    Long[] times = new Long[acc.times.length];
+    for (int k = 0; k < times.length; k++) {
+      times[k] = acc.times[k];
     }
-    return Row.of(acc.items.clone(), acc.types.clone(), ages);
+    return Row.of(acc.items.clone(), acc.types.clone(), times);
   }
 }
