@@ -80,6 +80,8 @@ class Batch:
                      user_hash=self.user_hash, item_hash=self.item_hash)
 
 
+# the TrainingSample fields the columns are made of (recent_items too, for a model that reads them)
+COLUMN_SOURCES = ("sample_id", "user_id", "item_id", "features", "label", "event_time", "feature_set")
 _COLUMN_FIELDS = ("sample_id", "user_id", "item_id", "features", "feature_len", "label", "event_time_ms",
                   "feature_set", "history_hash", "history_len")
 
@@ -156,7 +158,8 @@ class Columns:
         features = columns["features"]
         if features.shape[1] != width:
             raise ValueError(f"samples decoded {features.shape[1]} features wide, the model takes {width}")
-        history = history_matrix(columns["recent_items"], decoded.lengths["recent_items"], history_length)
+        history = (history_matrix(columns["recent_items"], decoded.lengths["recent_items"], history_length)
+                   if history_length else (None, None))
         return cls(columns["sample_id"], columns["user_id"], columns["item_id"], features,
                    decoded.lengths["features"], columns["label"].astype(np.float32), columns["event_time"],
                    columns["feature_set"], *history)

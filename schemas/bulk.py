@@ -24,7 +24,7 @@ rows and reasons, is the same as decoding each record alone.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,10 +87,17 @@ class BulkDecoder:
     """Decodes batches of one schema's values; construction fails for a schema with a field type it
     cannot read in bulk (records, maps, enums, other unions), so callers know up front."""
 
-    def __init__(self, schema_name: str) -> None:
+    def __init__(self, schema_name: str, keep: Collection[str] | None = None) -> None:
+        """`keep`: the fields to return (default: all); the others are still read and checked, so the
+        same records are rejected, but cost no Python objects."""
         self.schema = schema(schema_name)
         self.header_value = self.schema.header_value
         self.fields = [(f["name"], *_field_kind(f["type"])) for f in self.schema.raw["fields"]]
+        names = [name for name, _, _ in self.fields]
+        unknown = set(keep or ()) - set(names)
+        if unknown:
+            raise ValueError(f"{schema_name} has no field {sorted(unknown)}")
+        self.keep = frozenset(names if keep is None else keep)
         self._one_by_one = Deserializer(self.schema)
 
     def decode(self, values: Sequence[bytes | None], headers: Sequence[bytes | None],
@@ -102,7 +109,7 @@ class BulkDecoder:
         fast = np.fromiter((v is not None and h == self.header_value for v, h in zip(values, headers, strict=True)),
                            dtype=bool, count=n)
         fast_rows = np.flatnonzero(fast)
-        parsed = _parse(self.fields, [values[i] for i in fast_rows], widths)  # type: ignore[misc]
+        parsed = _parse(self.fields, [values[i] for i in fast_rows], widths, self.keep)  # type: ignore[misc]
         ok_rows = fast_rows[parsed.ok]
         slow_rows = np.setdiff1d(np.arange(n), ok_rows, assume_unique=True)
         records: list[dict[str, Any]] = []
@@ -134,6 +141,8 @@ class BulkDecoder:
         columns: dict[str, np.ndarray] = {}
         lengths: dict[str, np.ndarray] = {}
         for name, kind, element in self.fields:
+            if name not in self.keep:
+                continue
             got = [r[name] for r in records]
             if kind == "string":
                 columns[name] = np.array(got, dtype=object)
@@ -190,8 +199,10 @@ class _Parsed:
         return columns, {k: v[mask] for k, v in self.lengths.items()}
 
 
-def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict[str, int]) -> _Parsed:
-    """Every record of `values` field by field; `ok` is False for a record that does not parse exactly."""
+def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict[str, int],
+           keep: Collection[str]) -> _Parsed:
+    """Every record of `values` field by field; `ok` is False for a record that does not parse exactly.
+    Only the fields in `keep` get columns."""
     n = len(values)
     sizes = np.fromiter((len(v) for v in values), dtype=np.int64, count=n)
     ends = np.cumsum(sizes)
@@ -233,22 +244,28 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
         pos = pos + np.where(active, size, 0)
         return np.take(buf, start[:, None] + np.arange(size), mode="clip")
 
-    def string(active: np.ndarray = every) -> np.ndarray:
+    def string(active: np.ndarray = every, kept: bool = True) -> np.ndarray:
+        """The strings (objects; an empty array when not `kept`: only checked)."""
         nonlocal pos
         size = varint(active)
         bad = active & ((size < 0) | (pos + size > ends))
         ok[bad] = False
         size = np.where(bad | ~active, 0, size)
         start, pos = pos, pos + size
-        out = np.empty(n, dtype=object)
+        out = np.empty(n if kept else 0, dtype=object)
         # `text` has a character per byte, so it is cut at the bytes' offsets; that is the string itself
         # where every byte is ASCII, and the few others are decoded as UTF-8 one by one
-        out[:] = [text[a:b] for a, b in zip(start.tolist(), pos.tolist(), strict=True)]
+        if kept:
+            out[:] = [text[a:b] for a, b in zip(start.tolist(), pos.tolist(), strict=True)]
         for j in np.flatnonzero(high[np.minimum(pos, last)] > high[np.minimum(start, last)]).tolist():
             try:
-                out[j] = raw[start[j]:pos[j]].decode("utf-8")
+                decoded = raw[start[j]:pos[j]].decode("utf-8")
+                if kept:
+                    out[j] = decoded
             except UnicodeDecodeError:
-                out[j], ok[j] = "", False
+                ok[j] = False
+                if kept:
+                    out[j] = ""
         return out
 
     def number(element: str, active: np.ndarray = every) -> np.ndarray:
@@ -285,19 +302,23 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
             ok[count > _MAX_BULK_ITEMS] = False
             count = np.where(ok, count, 0)
             most = int(count.max())
-        got = np.empty((n, most), dtype=object if element == "string" else np.int64)
+        kept = name in keep
+        got = np.empty((n, most if kept else 0), dtype=object if element == "string" else np.int64)
         for j in range(most):
-            got[:, j] = string(count > j) if element == "string" else number(element, count > j)
+            value = string(count > j, kept) if element == "string" else number(element, count > j)
+            if kept:
+                got[:, j] = value
         ok[varint(count > 0) != 0] = False
         count = np.where(ok, count, 0)
-        columns[name] = got[np.arange(most)[None, :] < count[:, None]]
-        lengths[name] = count
+        if kept:
+            columns[name] = got[np.arange(most)[None, :] < count[:, None]]
+            lengths[name] = count
 
     for name, kind, element in fields:
         if kind == "list":
             items(name, element)
         elif kind == "string":
-            columns[name] = string()
+            columns[name] = string(kept=name in keep)
         elif kind == "numeric":
             columns[name] = number(element)
         elif kind == "nullable":
@@ -313,4 +334,6 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
         else:
             array(name, element)
     ok[pos != ends] = False
+    columns = {k: v for k, v in columns.items() if k in keep}
+    lengths = {k: v for k, v in lengths.items() if k in keep}
     return _Parsed(ok, columns, lengths, frozenset(name for name, kind, _ in fields if kind == "list"))

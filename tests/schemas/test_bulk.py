@@ -139,3 +139,29 @@ def test_an_empty_batch_and_a_batch_of_garbage() -> None:
 def test_a_schema_with_a_field_it_cannot_read_in_bulk_is_refused_up_front() -> None:
     with pytest.raises(TypeError, match="does not support"):
         BulkDecoder("ModelSnapshot")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_fields_left_out_are_still_checked_so_the_same_records_are_rejected(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    values, header = encoded(300, seed=seed)
+    damaged: list[bytes | None] = list(values)
+    for i in rng.choice(len(values), 90, replace=False).tolist():
+        value = bytearray(values[i])
+        if i % 2:
+            damaged[i] = bytes(value[: rng.integers(0, len(value))])
+        else:
+            for at in rng.integers(0, len(value), 3):
+                value[at] = int(rng.integers(0, 256))
+            damaged[i] = bytes(value)
+    headers: list[bytes | None] = [header] * len(values)
+    width = {"features": len(make_samples(1)[0]["features"])}
+    full = BulkDecoder("TrainingSample").decode(damaged, headers, widths=width)
+    kept = BulkDecoder("TrainingSample", keep=("sample_id", "features")).decode(damaged, headers, widths=width)
+    assert kept.rows.tolist() == full.rows.tolist()
+    assert [i for i, _ in kept.rejected] == [i for i, _ in full.rejected]
+    assert set(kept.columns) == {"sample_id", "features"} and set(kept.lengths) == {"features"}
+    assert kept.columns["sample_id"].tolist() == full.columns["sample_id"].tolist()
+    np.testing.assert_array_equal(kept.columns["features"], full.columns["features"])
+    with pytest.raises(ValueError, match="no field"):
+        BulkDecoder("TrainingSample", keep=("nope",))
