@@ -357,7 +357,8 @@ class FlinkSettings(Section):
     job_metrics_port: int = 0  # > 0: `features run` serves Prometheus metrics (rtrec_job_*)
     attribution_window_s: int = 30
     # Each sample carries its user's newest engagements (clicks, likes, carts, orders) from before the
-    # impression: at most history_length of them, none older than history_lookback_s. 0: none.
+    # impression: at most history_length of them, none older than history_lookback_s. 0: none. The
+    # online store gets the same lists per user (twice history_length kept; cut the same way on reads).
     history_length: int = Field(default=10, ge=0, le=100)
     history_lookback_s: int = Field(default=3600, gt=0)
     max_future_skew_ms: int = 3_600_000

@@ -34,6 +34,31 @@ class OnlineFeatures:
         return values, ends
 
 
+@dataclass(frozen=True)
+class RecentEngagements:
+    """A user's newest engagements, newest first, as the feature job last wrote them (as of `as_of_ms`,
+    the end of the window they were written for: all of them are before it).
+
+    >>> r = RecentEngagements(["i3", "i2", "i1"], ["click", "like", "click"], [9_000, 5_000, 1_000], 9_001)
+    >>> r.before(10_000, length=2, lookback_ms=6_000)
+    (['i3', 'i2'], ['click', 'like'], [1000, 5000])
+    >>> r.before(5_000, length=10, lookback_ms=60_000)
+    (['i1'], ['click'], [4000])
+    """
+
+    items: list[str]
+    types: list[str]
+    times_ms: list[int]
+    as_of_ms: int
+
+    def before(self, now_ms: int, length: int, lookback_ms: int) -> tuple[list[str], list[str], list[int]]:
+        """Items, types and ages (ms) of at most `length` engagements strictly before `now_ms` and at
+        most `lookback_ms` before it: the cut the samples get (flink.history_length, history_lookback_s)."""
+        kept = [k for k, t in enumerate(self.times_ms) if t < now_ms and now_ms - t <= lookback_ms][:length]
+        return ([self.items[k] for k in kept], [self.types[k] for k in kept],
+                [now_ms - self.times_ms[k] for k in kept])
+
+
 class FeatureWriter(Protocol):
     def write_batch(self, records: Sequence[Mapping[str, Any]]) -> int:
         """Writes FeatureRecords; returns how many (entity, horizon) slots were updated."""
@@ -41,3 +66,6 @@ class FeatureWriter(Protocol):
 
 class FeatureReader(Protocol):
     def get_online_features(self, entity_type: str, ids: Sequence[str], names: Sequence[str]) -> OnlineFeatures: ...
+
+    def get_recent_engagements(self, user_ids: Sequence[str]) -> list[RecentEngagements | None]:
+        """Per user, the newest list written (None: none, or expired)."""

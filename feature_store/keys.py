@@ -13,6 +13,10 @@ wins). `rtrec features get` prints them decoded.
 >>> split_feature_name("600s.clicks")
 (600, 'clicks')
 
+A user's hash also holds the user's recent engagements, as of the end of the window they were written
+for: `0s.__we` (that end, 8 bytes like the others) and `recent`, JSON
+`{"items": [...], "types": [...], "times_ms": [...]}`, newest first.
+
 A user-item pair's id joins the two with `|`, each with a backslash or `|` in it escaped by a backslash, so two
 different pairs never share a key (before, user `uA|iB` + item `C` and user `uA` + item `iB|C` did).
 Ids without those characters look as they always did:
@@ -22,6 +26,10 @@ Ids without those characters look as they always did:
 """
 
 from __future__ import annotations
+
+# The horizon of a user's recent-engagements record, and the field holding the list.
+RECENT_HORIZON_S = 0
+RECENT_FIELD = "recent"
 
 
 def entity_key(prefix: str, entity_type: str, entity_id: str) -> str:

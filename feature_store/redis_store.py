@@ -16,6 +16,8 @@ own work.
 from __future__ import annotations
 
 import functools
+import json
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,13 +27,23 @@ import numpy as np
 import redis
 
 from core.settings import RedisSettings
-from feature_store.base import UNKNOWN_WINDOW_END, OnlineFeatures
-from feature_store.keys import entity_key, entity_key_prefix, field_name, split_feature_name, window_end_field
+from feature_store.base import UNKNOWN_WINDOW_END, OnlineFeatures, RecentEngagements
+from feature_store.keys import (
+    RECENT_FIELD,
+    RECENT_HORIZON_S,
+    entity_key,
+    entity_key_prefix,
+    field_name,
+    split_feature_name,
+    window_end_field,
+)
 from schemas.registry import field_names
 
-# Which FeatureRecord fields name the slot and its window; every other field is a stored value.
+# Which FeatureRecord fields name the slot and its window, which carry a user's recent engagements
+# (horizon 0 only); every other field is a stored value.
 SLOT_FIELDS = ("entity_type", "entity_id", "horizon_s", "window_start", "window_end")
-VALUE_FIELDS = tuple(f for f in field_names("FeatureRecord") if f not in SLOT_FIELDS)
+RECENT_FIELDS = ("recent_items", "recent_types", "recent_times_ms")
+VALUE_FIELDS = tuple(f for f in field_names("FeatureRecord") if f not in SLOT_FIELDS + RECENT_FIELDS)
 
 # Many slots per call. KEYS: the entity hashes. ARGV: ttl_s, fields per slot, then per key that
 # many field/value pairs, the window end's first. Values are packed float64s (struct '<d'). A slot
@@ -107,6 +119,10 @@ class RedisFeatureStore:
             return 0
         writer = self._writer()
         pipe = self.client.pipeline(transaction=False)
+        lists = [r for r in latest if r["horizon_s"] == RECENT_HORIZON_S]
+        if lists:
+            latest = [r for r in latest if r["horizon_s"] != RECENT_HORIZON_S]
+            self._queue_lists(writer, pipe, lists)
         width = 1 + len(VALUE_FIELDS)
         for start in range(0, len(latest), SLOTS_PER_CALL):
             chunk = latest[start:start + SLOTS_PER_CALL]
@@ -126,6 +142,34 @@ class RedisFeatureStore:
             self._script = None
             return self.write_batch(records)
         return int(sum(results))
+
+    def _queue_lists(self, writer: Any, pipe: Any, lists: Sequence[Mapping[str, Any]]) -> None:
+        """Users' recent engagements into `pipe`, newest window wins as for the other slots."""
+        end_field = window_end_field(RECENT_HORIZON_S)
+        for start in range(0, len(lists), SLOTS_PER_CALL):
+            chunk = lists[start:start + SLOTS_PER_CALL]
+            args: list[Any] = [self.ttl_s, 2]
+            for r in chunk:
+                listed = {"items": r["recent_items"] or [], "types": r["recent_types"] or [],
+                          "times_ms": r["recent_times_ms"] or []}
+                args += (end_field, struct.pack("<d", r["window_end"]), RECENT_FIELD,
+                         json.dumps(listed, separators=(",", ":")))
+            writer(keys=[entity_key(self.prefix, r["entity_type"], r["entity_id"]) for r in chunk], args=args,
+                   client=pipe)
+
+    def get_recent_engagements(self, user_ids: Sequence[str]) -> list[RecentEngagements | None]:
+        pipe = self.client.pipeline(transaction=False)
+        for user_id in user_ids:
+            pipe.hmget(entity_key(self.prefix, "user", user_id), window_end_field(RECENT_HORIZON_S), RECENT_FIELD)
+        got: list[RecentEngagements | None] = []
+        for end, listed in pipe.execute():
+            if end is None or listed is None:
+                got.append(None)
+                continue
+            lists = json.loads(listed)
+            got.append(RecentEngagements(lists["items"], lists["types"], lists["times_ms"],
+                                         int(struct.unpack("<d", end)[0])))
+        return got
 
     def get_online_features(self, entity_type: str, ids: Sequence[str], names: Sequence[str]) -> OnlineFeatures:
         plan = _read_plan(tuple(names))

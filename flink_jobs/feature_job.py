@@ -1,6 +1,7 @@
 """The windowed feature job: interactions topic -> 3 s (and longer) windows per user, item and
-user-item -> FeatureRecords on the features topic (exactly-once); malformed and late events -> the
-dead-letter topic with their reason. Redis is fed from the features topic by feature_store.loader.
+user-item -> FeatureRecords on the features topic (exactly-once), with each user's recent engagements
+per window when the job writes samples; malformed and late events -> the dead-letter topic with their
+reason. Redis is fed from the features topic by feature_store.loader.
 
 Sections in order: UDFs, source DDL with the watermark, decoded view, window SQL, sinks, statement set.
 """
@@ -22,6 +23,7 @@ from flink_jobs.sample_sql import (
     feature_window_sql,
     impressions_sql,
     label_rows_sql,
+    recent_lists_sql,
     samples_sql,
     user_recent_sql,
 )
@@ -58,17 +60,18 @@ def build_job(settings: Settings, t_env: TableEnvironment, log_range: LogRange |
                                     exactly_once, f"rtrec-{job_id}-dead", client=k.security.flink_connector()))
 
     statements = t_env.create_statement_set()
+    lists = add_samples(settings, t_env, statements, exactly_once, job_id, log_range) if with_samples else None
     windows = [(f.window_s, f.window_s), *((h, slide_s(f, h)) for h in f.horizons_s or HORIZONS_S)]
     # One INSERT (a UNION ALL): a Kafka sink per INSERT would need its own transactional id prefix.
     # user-item pairs get the base window only: their long horizons would multiply the output rows.
     queries = [window_sql(entity, size_s, slide_s) for entity in ("user", "item") for size_s, slide_s in windows]
     queries.append(window_sql("user_item", f.window_s, f.window_s))
+    if lists is not None:
+        queries.append(recent_lists_sql(lists, f.window_s))
     union = "\nUNION ALL\n".join(queries)
     statements.add_insert_sql(f"INSERT INTO features_sink {union}")
     dead = dead_letters_sql("events_decoded", k.topics.events, f.window_s)
     statements.add_insert_sql(f"INSERT INTO dead_letter_sink {dead}")
-    if with_samples:
-        add_samples(settings, t_env, statements, exactly_once, job_id, log_range)
     return statements
 
 
@@ -90,8 +93,10 @@ def add_events_source(settings: Settings, t_env: TableEnvironment, name: str, gr
 
 
 def add_samples(settings: Settings, t_env: TableEnvironment, statements: StatementSet, exactly_once: bool,
-                job_id: str, log_range: LogRange | None) -> None:
-    """Training samples (see sample_sql) into the samples topic, keyed by user.
+                job_id: str, log_range: LogRange | None) -> str | None:
+    """Training samples (see sample_sql) into the samples topic, keyed by user. Returns the view of the
+    users' recent-engagement lists (None when flink.history_length is 0), which the online store gets
+    too: from the samples' own lists, so what a model is served is what it was trained on.
 
     They read the events topic through a source of their own that never turns idle. The samples meet
     rows of several joins, each holding the watermark back by its own bound; once every input had gone
@@ -106,6 +111,7 @@ def add_samples(settings: Settings, t_env: TableEnvironment, statements: Stateme
     t_env.create_temporary_view("engagements", t_env.sql_query(engagements_sql("sample_events")))
     t_env.create_java_temporary_system_function("RTREC_RECENT_ENGAGEMENTS", "dev.rtrec.flink.RecentEngagements")
     t_env.create_java_temporary_system_function("RTREC_RECENT_BEFORE", "dev.rtrec.flink.RecentBefore")
+    t_env.create_java_temporary_system_function("RTREC_NEWEST_LIST", "dev.rtrec.flink.NewestList")
     user_recent = None
     if f.history_length > 0:
         t_env.create_temporary_view("engagement_lists", t_env.sql_query(engagement_lists_sql(f.history_length)))
@@ -124,3 +130,4 @@ def add_samples(settings: Settings, t_env: TableEnvironment, statements: Stateme
                                     client=k.security.flink_connector()))
     samples = samples_sql("sample_rows", f.window_s, f.history_length, f.history_lookback_s)
     statements.add_insert_sql(f"INSERT INTO samples_sink {samples}")
+    return "engagement_lists" if user_recent is not None else None

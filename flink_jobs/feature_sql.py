@@ -11,6 +11,9 @@ from flink_jobs.ddl import header_literal, quote
 
 ENTITY_KEYS = {"user": "user_id", "item": "item_id", "user_item": pair_id_sql("user_id", "item_id")}
 COUNTERPART = {"user": "item_id", "item": "user_id", "user_item": "item_id"}
+# a window's record carries no recent engagements (sample_sql.recent_lists_sql writes those)
+NO_RECENT = ("CAST(NULL AS ARRAY<STRING>) AS recent_items, CAST(NULL AS ARRAY<STRING>) AS recent_types, "
+             "CAST(NULL AS ARRAY<BIGINT>) AS recent_times_ms")
 
 
 def _count(event_type: str) -> str:
@@ -61,6 +64,7 @@ def window_sql(entity_type: str, size_s: int, slide_s: int) -> str:
   CAST(COALESCE(SUM(dwell_ms), 0) AS BIGINT) AS dwell_sum_ms,
   CASE WHEN {dwell_n} > 0 THEN CAST(SUM(dwell_ms) AS DOUBLE) / {dwell_n} ELSE 0.0 END AS dwell_mean_ms,
   CAST(COUNT(DISTINCT {COUNTERPART[entity_type]}) AS BIGINT) AS distinct_counterparts,
+  {NO_RECENT},
   {header_literal('FeatureRecord')} AS headers
 FROM TABLE({window_table(size_s, slide_s)})
 GROUP BY window_start, window_end, {key}"""

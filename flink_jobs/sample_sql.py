@@ -16,6 +16,7 @@ True
 
 from __future__ import annotations
 
+from feature_store.keys import RECENT_HORIZON_S
 from flink_jobs.ddl import header_literal, quote
 from flink_jobs.feature_sql import ENTITY_KEYS, interval, window_table
 from schemas.feature_set import AGGREGATES, FEATURE_NAMES, FEATURE_SET
@@ -57,6 +58,22 @@ def engagement_lists_sql(history_length: int) -> str:
   RTREC_RECENT_ENGAGEMENTS(item_id, event_type, event_time_ms, {2 * int(history_length)}) OVER (
     PARTITION BY user_id ORDER BY event_time ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS recent
 FROM engagements"""
+
+
+def recent_lists_sql(lists: str, window_s: int) -> str:
+    """The online store's copy of the lists: per user and base window holding engagements, the newest
+    version as of the window's end, as a FeatureRecord of horizon 0 (every count 0). The samples read
+    the same versions, so a model is served the lists it was trained on."""
+    zeros = ", ".join(f"CAST(0 AS BIGINT) AS {c}" for c in ("impressions", "clicks", "likes", "carts", "orders"))
+    return f"""SELECT CAST(user_id AS BYTES) AS entity_id_key, 'user' AS entity_type, user_id AS entity_id,
+  CAST({RECENT_HORIZON_S} AS INT) AS horizon_s, window_start, window_end, {zeros}, 0.0 AS ctr,
+  CAST(0 AS BIGINT) AS dwell_sum_ms, 0.0 AS dwell_mean_ms, CAST(0 AS BIGINT) AS distinct_counterparts,
+  w.newest.items AS recent_items, w.newest.types AS recent_types, w.newest.times_ms AS recent_times_ms,
+  {header_literal('FeatureRecord')} AS headers
+FROM (SELECT user_id, window_start, window_end,
+    RTREC_NEWEST_LIST(recent.items, recent.types, recent.times_ms) AS newest
+  FROM TABLE(TUMBLE(TABLE {lists}, DESCRIPTOR(event_time), {interval(window_s)}))
+  GROUP BY window_start, window_end, user_id) w"""
 
 
 def user_recent_sql(lists: str) -> str:

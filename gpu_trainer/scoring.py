@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -94,7 +95,23 @@ def feature_matrix(reader: FeatureReader, user_id: str, item_ids: Sequence[str])
     return matrix.reshape(len(item_ids), len(FEATURE_NAMES))
 
 
+def served_recent_items(loaded: LoadedModel, reader: FeatureReader, user_id: str, lookback_s: int,
+                        now_ms: int | None = None) -> list[str]:
+    """The user's recent items from the online store, cut as the samples' are (strictly before now,
+    within the lookback, at most what the model reads); none for a model that reads none."""
+    if not loaded.history_length:
+        return []
+    listed = reader.get_recent_engagements([user_id])[0]
+    if listed is None:
+        return []
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    return listed.before(now, loaded.history_length, lookback_s * 1000)[0]
+
+
 def score(loaded: LoadedModel, reader: FeatureReader, user_id: str, item_ids: Sequence[str],
-          recent_items: Sequence[str] = ()) -> list[float]:
+          recent_items: Sequence[str] | None = None, lookback_s: int = 3600) -> list[float]:
+    """`recent_items` None: the user's as the online store serves them (`served_recent_items`)."""
     dense = feature_matrix(reader, user_id, item_ids)
+    if recent_items is None:
+        recent_items = served_recent_items(loaded, reader, user_id, lookback_s)
     return loaded.score_arrays([user_id] * len(item_ids), list(item_ids), dense, recent_items).tolist()

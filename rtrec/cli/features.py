@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import threading
 import time
@@ -119,15 +120,21 @@ def load(settings: Settings, rebuild: bool, idle_exit_s: float | None) -> None:
               show_default=True, help="Comma-separated <horizon>s.<feature> names.")
 @click.pass_obj
 def get(settings: Settings, entity_type: str, ids: tuple[str, ...], names: str) -> None:
-    """Print online features (and each value's window end) from Redis as JSON lines."""
+    """Print online features (and each value's window end) from Redis as JSON lines; for users, their
+    recent engagements too (null: none written, or expired)."""
     wanted = [n.strip() for n in names.split(",") if n.strip()]
+    store = RedisFeatureStore.from_settings(settings.redis)
     try:
-        got = RedisFeatureStore.from_settings(settings.redis).get_online_features(entity_type, list(ids), wanted)
+        got = store.get_online_features(entity_type, list(ids), wanted)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
+    lists = store.get_recent_engagements(list(ids)) if entity_type == "user" else [None] * len(ids)
     for i, entity_id in enumerate(ids):
         values, ends = got.entity(i)
-        click.echo(json.dumps({"id": entity_id, "features": values, "window_end_ms": ends}))
+        line: dict[str, object] = {"id": entity_id, "features": values, "window_end_ms": ends}
+        if entity_type == "user":
+            line["recent"] = None if lists[i] is None else dataclasses.asdict(lists[i])  # type: ignore[arg-type]
+        click.echo(json.dumps(line))
 
 
 @features_group.command("status")

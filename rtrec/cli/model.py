@@ -11,7 +11,7 @@ from core.settings import Settings
 from feature_store.redis_store import RedisFeatureStore
 from gpu_trainer.model_registry import ModelRegistry
 from gpu_trainer.onnx_export import export_onnx
-from gpu_trainer.scoring import load_current, load_snapshot, score
+from gpu_trainer.scoring import load_current, load_snapshot, score, served_recent_items
 from gpu_trainer.snapshots import SnapshotError
 
 
@@ -52,20 +52,25 @@ def rollback(settings: Settings, to_version: int) -> None:
 @model_group.command("score")
 @click.option("--user", required=True)
 @click.option("--items", required=True, help="Comma-separated item ids.")
-@click.option("--recent", default="", help="The user's newest engaged items, newest first, comma-separated "
-              "(read by a model trained with trainer.history_length > 0).")
+@click.option("--recent", default=None, help="The user's newest engaged items, newest first, comma-separated, "
+              "for a model trained with trainer.history_length > 0. Default: as the online store serves them.")
 @click.pass_obj
-def score_items(settings: Settings, user: str, items: str, recent: str) -> None:
+def score_items(settings: Settings, user: str, items: str, recent: str | None) -> None:
     """Score items for a user with the current snapshot and the online features."""
     item_ids = [i.strip() for i in items.split(",") if i.strip()]
-    recent_items = [i.strip() for i in recent.split(",") if i.strip()]
     try:
         loaded = load_current(_registry(settings))
     except SnapshotError as exc:
         raise click.ClickException(str(exc)) from exc
     reader = RedisFeatureStore.from_settings(settings.redis)
+    if recent is None:
+        recent_items = served_recent_items(loaded, reader, user, settings.flink.history_lookback_s)
+    else:
+        recent_items = [i.strip() for i in recent.split(",") if i.strip()]
     scores = score(loaded, reader, user, item_ids, recent_items)
     click.echo(f"model v{loaded.manifest.version}")
+    if loaded.history_length:
+        click.echo(f"recent items ({'given' if recent is not None else 'online store'}): {','.join(recent_items)}")
     for item, s in sorted(zip(item_ids, scores, strict=True), key=lambda p: -p[1]):
         click.echo(f"{item}\t{s:.6f}")
 

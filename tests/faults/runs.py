@@ -31,8 +31,10 @@ SETTLED_MS = T + 110_000
 
 
 def windows(records: list[dict]) -> list[tuple]:
+    """The window aggregates (not the users' recent lists, horizon 0, which only a job with samples
+    writes: redis_contents holds those)."""
     return sorted((r["entity_type"], r["entity_id"], r["horizon_s"], r["window_start"], r["impressions"],
-                   r["clicks"]) for r in records if r["window_start"] < SETTLED_MS)
+                   r["clicks"]) for r in records if r["window_start"] < SETTLED_MS and r["horizon_s"] > 0)
 
 
 def redis_contents(s: Settings) -> dict[bytes, dict[bytes, bytes]]:

@@ -32,7 +32,8 @@ PHASE2 += [event("flush", "impression", "flush-user", "flush-item", 120_000)]
 def test_kill_9_of_the_whole_job_process_resumes_from_its_checkpoint_with_nothing_lost_or_doubled(
         settings: Settings, tmp_path: Path) -> None:
     reference = reference_run(job_settings(settings.namespaced("ref-" + uuid.uuid4().hex[:6]),
-                                           checkpoint_dir=tmp_path / "ref"), PHASE1 + PHASE2)
+                                           checkpoint_dir=tmp_path / "ref"), PHASE1 + PHASE2,
+                              with_samples=True)  # as `features run`: the users' recent lists in Redis too
     expected, expected_redis = reference.windows, reference.redis
 
     s = job_settings(settings.namespaced("kill-" + uuid.uuid4().hex[:6]), checkpoint_dir=tmp_path / "checkpoints",

@@ -107,6 +107,7 @@ def test_store_registry_and_cli_work_over_tls_as_an_acl_user(secured: SecuredRed
     result = CliRunner().invoke(cli, ["features", "get", "user", "u1", "--names", "60s.clicks"], env=env)
     assert result.exit_code == 0, result.output
     assert '"60s.clicks": 2.0' in result.output and PASSWORD not in result.output
+    assert '"recent": null' in result.output  # no recent engagements written for u1
 
 
 def test_wrong_or_missing_credentials_are_refused_clearly(secured: SecuredRedis) -> None:

@@ -84,3 +84,27 @@ def test_values_are_packed_float64_and_other_layouts_are_refused(store: RedisFea
     # a write replaces an old-layout slot instead of comparing against it
     assert store.write_batch([record("old", 6000, 4)]) == 1
     assert store.get_online_features("user", ["old"], ["60s.clicks"]).values.tolist() == [[4.0]]
+
+
+def recent(user_id: str, window_end: int, items: list[str], times_ms: list[int]) -> dict:
+    """A user's recent-engagements record, as the feature job writes it (horizon 0, counts 0)."""
+    return {**record(user_id, window_end, 0, horizon_s=0), "impressions": 0, "ctr": 0.0, "distinct_counterparts": 0,
+            "recent_items": items, "recent_types": ["click"] * len(items), "recent_times_ms": times_ms}
+
+
+def test_recent_engagements_are_kept_per_user_newest_window_wins_beside_the_features(
+        store: RedisFeatureStore, settings: Settings) -> None:
+    store.write_batch([record("r1", 9000, 2), recent("r1", 6000, ["i2", "i1"], [5000, 1000]),
+                       recent("r1", 3000, ["i1"], [1000])])
+    (got, nobody) = store.get_recent_engagements(["r1", "nobody"])
+    assert nobody is None and got is not None
+    assert (got.items, got.types, got.times_ms, got.as_of_ms) == (["i2", "i1"], ["click", "click"], [5000, 1000], 6000)
+    assert got.before(7000, length=1, lookback_ms=10_000) == (["i2"], ["click"], [2000])
+    # an older window's list (a replay) changes nothing; a newer one replaces it
+    assert store.write_batch([recent("r1", 3000, ["i1"], [1000])]) == 0
+    assert store.get_recent_engagements(["r1"])[0] == got
+    assert store.write_batch([recent("r1", 12_000, ["i3", "i2", "i1"], [11_000, 5000, 1000])]) == 1
+    assert store.get_recent_engagements(["r1"])[0].items == ["i3", "i2", "i1"]  # type: ignore[union-attr]
+    # the user's features are untouched and still read, the list shares their key and its TTL
+    assert store.get_online_features("user", ["r1"], ["60s.clicks"]).values.tolist() == [[2.0]]
+    assert 0 < store.client.ttl(entity_key(settings.redis.key_prefix, "user", "r1")) <= 600

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from core.settings import Settings
+from feature_store.loader import LoaderConfig, run_loader
+from feature_store.redis_store import RedisFeatureStore
 from schemas.feature_set import FEATURE_NAMES
 from tests.flink_jobs.harness import T, create_topics, event, job_settings, produce, running_job, wait_for
 
@@ -32,6 +34,9 @@ def test_labels_and_point_in_time_features(settings: Settings) -> None:
     with running_job(s):
         produce(s, events)
         got = wait_for(s, s.kafka.topics.samples, "TrainingSample", lambda got: len(got.records) >= 6)
+        features = wait_for(s, s.kafka.topics.features, "FeatureRecord",
+                            lambda got: len([r for r in got.records if r["horizon_s"] == 0]) >= 5)
+    check_recent_lists(s, features.records)
     samples = {r["sample_id"]: r for r in got.records}
     assert set(samples) == {"a1", "a3", "p", "q", "r", "old"}  # flush's attribution window is still open
     def history(sample_id: str) -> list[tuple[str, str, int]]:
@@ -54,3 +59,29 @@ def test_labels_and_point_in_time_features(settings: Settings) -> None:
     assert samples["a3"]["label"] == 0
     a3 = dict(zip(FEATURE_NAMES, samples["a3"]["features"], strict=True))
     assert a3["user.60s.impressions"] == 1 and a3["user.60s.clicks"] == 1  # window ending T+3000
+
+
+def check_recent_lists(s: Settings, records: list[dict]) -> None:
+    """The online store's copy of the lists: per user and 3 s window with engagements, the list as of the
+    window's end (twice history_length kept, ties by item), through the loader into Redis."""
+    lists = {(r["entity_id"], r["window_end"] - T): list(zip(r["recent_items"], r["recent_types"],
+                                                              [t - T for t in r["recent_times_ms"]], strict=True))
+             for r in records if r["horizon_s"] == 0}
+    u3 = [("i5", "order", 11_000), ("i3", "cart", 10_000), ("i4", "click", 10_000), ("i2", "like", 9000),
+          ("i1", "click", 8100)]
+    assert lists == {
+        ("u1", 3000): [("i1", "click", 200)],
+        ("u1", 9000): [("i1", "like", 7000), ("i1", "click", 6000), ("i1", "click", 200)],
+        ("u3", 9000): [("i1", "click", 8100)],
+        ("u3", 12_000): u3,
+        ("u3", 15_000): [("i6", "click", 13_000), *u3],
+    }
+    assert all(r["recent_items"] is None for r in records if r["horizon_s"] != 0)
+    run_loader(LoaderConfig.from_settings(s, isolation_level="read_committed"),
+               RedisFeatureStore.from_settings(s.redis), idle_exit_s=2.0)
+    u1, u3_now, nobody = RedisFeatureStore.from_settings(s.redis).get_recent_engagements(["u1", "u3", "u2"])
+    assert nobody is None and u1 is not None and u3_now is not None
+    assert u1.as_of_ms == T + 9000
+    # served as the samples get them: at most 3, strictly before the request, within the 10 s lookback
+    assert u3_now.before(T + 13_000, 3, 10_000) == (["i5", "i3", "i4"], ["order", "cart", "click"], [2000, 3000, 3000])
+    assert u3_now.before(T + 22_000, 3, 10_000) == (["i6"], ["click"], [9000])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 import urllib.request
 from pathlib import Path
 
@@ -98,6 +99,26 @@ def test_a_model_reading_recent_items_trains_publishes_and_scores(settings: Sett
     assert np.isfinite(scores).all()
     without = loaded.score_samples([dict(r, recent_items=[]) for r in samples[-500:]])
     assert not np.allclose(scores, without)  # the recent items move the scores
+
+    # served: `model score` reads the user's list from the online store, cut as the samples' are
+    current = load_current(ModelRegistry(store, s.redis.url, s.redis.key_prefix))  # what `model score` uses
+    online = RedisFeatureStore(s.redis.url, s.redis.key_prefix, 600)
+    now = int(time.time() * 1000)
+    listed = ["i3", "i1", "i2", "i4"]
+    online.write_batch([{
+        "entity_type": "user", "entity_id": "u1", "horizon_s": 0, "window_start": now - 3000, "window_end": now,
+        "impressions": 0, "clicks": 0, "likes": 0, "carts": 0, "orders": 0, "ctr": 0.0, "dwell_sum_ms": 0,
+        "dwell_mean_ms": 0.0, "distinct_counterparts": 0, "recent_items": [*listed, "i9"],
+        "recent_types": ["click"] * 5, "recent_times_ms": [now - 10, now - 20, now - 30, now - 40, now - 7_200_000]}])
+    result = CliRunner().invoke(cli, ["model", "score", "--user", "u1", "--items", "i1,i2"], env=env_of(s))
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[1] == "recent items (online store): i3,i1,i2"  # the model reads 3; i9 is past the lookback
+    printed = dict(line.split("\t") for line in lines[2:])
+    served = current.score_arrays(["u1", "u1"], ["i1", "i2"], feature_matrix(online, "u1", ["i1", "i2"]), listed[:3])
+    assert [float(printed[i]) for i in ("i1", "i2")] == pytest.approx(served.tolist(), abs=1e-6)
+    given = CliRunner().invoke(cli, ["model", "score", "--user", "u1", "--items", "i1", "--recent", ""], env=env_of(s))
+    assert given.output.splitlines()[1] == "recent items (given): "
 
 
 def test_restart_resumes_from_the_snapshot_offsets(settings: Settings, tmp_path: Path) -> None:
