@@ -383,6 +383,10 @@ class FlinkSettings(Section):
     loader_batch: int = 20_000
     loader_outage_s: float = 300.0  # Redis or Kafka unreachable this long: the loader exits non-zero
     loader_metrics_port: int = 0  # > 0: the loader serves Prometheus metrics (rtrec_loader_*)
+    # A loader whose session ran out (Kafka was down longer than this) rejoins as a new member, and the
+    # group coordinator waits for the old member's session to expire before it assigns partitions again:
+    # with Kafka's 45 s default, Redis stopped receiving windows for up to 45 s after Kafka was back.
+    loader_session_timeout_ms: int = 10_000
     # read_uncommitted: Redis sees a window as soon as the job sends it, not at the next checkpoint.
     # Safe because the job recomputes an aborted transaction's windows from the same events after
     # recovery, and a write for the same window end replaces the earlier one (newest window wins).

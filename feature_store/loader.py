@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import redis
-from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from core.kafka import cached_lag, ensure_topics, is_transient, producer_config
 from core.settings import Settings
@@ -31,6 +31,10 @@ from schemas.kafka_io import AvroConsumer, AvroProducer
 
 log = logging.getLogger("rtrec.loader")
 T = TypeVar("T")
+# A commit refused because the group took the partitions away (this loader's session ran out while
+# Kafka was down, or a rebalance): whoever reads them next starts from the last commit.
+_GROUP_MOVED_ON = {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS,
+                   KafkaError.FENCED_INSTANCE_ID, KafkaError._ASSIGNMENT_LOST}
 
 
 @dataclass
@@ -57,6 +61,8 @@ class LoaderConfig:
     poll_timeout_s: float = 0.05
     # how long Redis or Kafka may be unreachable before the loader gives up (LoaderError, a non-zero exit)
     outage_s: float = 300.0
+    # the consumer group session (FlinkSettings.loader_session_timeout_ms says why it is short)
+    session_timeout_ms: int = 10_000
     # offsets are committed this long after their records were written: Redis's appendfsync everysec
     # can lose up to about two seconds of writes when it is killed
     commit_lag_s: float = 2.5
@@ -71,7 +77,7 @@ class LoaderConfig:
         k, f = settings.kafka, settings.flink
         return replace(cls(k.bootstrap_servers, k.topics.features, k.topics.dead_letter, f.loader_group_id,
                            f.loader_batch, k.partitions, f.loader_isolation, outage_s=f.loader_outage_s,
-                           security=k.security.librdkafka()),
+                           session_timeout_ms=f.loader_session_timeout_ms, security=k.security.librdkafka()),
                        **overrides)
 
 
@@ -127,8 +133,11 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
 
     ensure_topics(c.bootstrap, [c.topic], c.partitions, security=c.security)
     consumer = AvroConsumer(c.bootstrap, c.group_id, None, "FeatureRecord", isolation_level=c.isolation_level,
-                            **{"fetch.min.bytes": 1, "fetch.wait.max.ms": 50, **c.security})
+                            **{"fetch.min.bytes": 1, "fetch.wait.max.ms": 50,
+                               "session.timeout.ms": c.session_timeout_ms, **c.security})
     rewound: set[int] = set()
+    stats = LoaderStats()
+    pending: deque[tuple[float, dict[tuple[str, int], int]]] = deque()  # (written at, next offsets)
 
     def on_assign(raw: Any, partitions: list[TopicPartition]) -> None:
         if c.from_beginning:  # each partition once: a later rebalance resumes from the commits
@@ -138,17 +147,31 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
                     rewound.add(tp.partition)
         raw.assign(partitions)
 
-    consumer.raw.subscribe([c.topic], on_assign=on_assign)
+    def on_taken(raw: Any, partitions: list[TopicPartition]) -> None:
+        # offsets not yet committed can no longer be: their records are read again from the last
+        # commit, and writing them again changes nothing (newest window wins)
+        pending.clear()
+
+    consumer.raw.subscribe([c.topic], on_assign=on_assign, on_revoke=on_taken, on_lost=on_taken)
     dead = AvroProducer(producer_config(c.bootstrap, linger_ms=5, **c.security), c.dead_letter_topic, "DeadLetter")
-    stats = LoaderStats()
-    pending: deque[tuple[float, dict[tuple[str, int], int]]] = deque()  # (written at, next offsets)
 
     def commit_durable(all_of_them: bool = False) -> None:
         durable: dict[tuple[str, int], int] = {}
         while pending and (all_of_them or time.monotonic() - pending[0][0] >= c.commit_lag_s):
             durable.update(pending.popleft()[1])
         if durable:
-            retrying("committing offsets", functools.partial(consumer.commit, durable), c.outage_s, on_retry=retried)
+            retrying("committing offsets", functools.partial(commit_unless_moved_on, durable), c.outage_s,
+                     on_retry=retried)
+
+    def commit_unless_moved_on(offsets: dict[tuple[str, int], int]) -> None:
+        try:
+            consumer.commit(offsets)
+        except KafkaException as exc:
+            if exc.args[0].code() not in _GROUP_MOVED_ON:
+                raise
+            pending.clear()
+            log.warning("offsets not committed, the group has reassigned the partitions (%s): their records "
+                        "are read again from the last commit", exc.args[0].str())
 
     def back_to_committed() -> None:
         pending.clear()
