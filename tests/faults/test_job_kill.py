@@ -36,12 +36,17 @@ def test_kill_9_of_the_whole_job_process_resumes_from_its_checkpoint_with_nothin
                               with_samples=True)  # as `features run`: the users' recent lists in Redis too
     expected, expected_redis = reference.windows, reference.redis
 
-    s = job_settings(settings.namespaced("kill-" + uuid.uuid4().hex[:6]), checkpoint_dir=tmp_path / "checkpoints",
-                     log_dir=tmp_path / "flink-logs", checkpoint_interval_ms=3000)
+    run = settings.namespaced("kill-" + uuid.uuid4().hex[:6])
+    s = job_settings(run, checkpoint_dir=tmp_path / "checkpoints", log_dir=tmp_path / "flink-logs",
+                     checkpoint_interval_ms=3000)
+    # the killed run checkpoints every 10 s: the kill must land while phase 2's windows are sent but not
+    # committed, and with 3 s a checkpoint sometimes committed them while the test was reading the topic
+    killed = job_settings(run, checkpoint_dir=tmp_path / "checkpoints", log_dir=tmp_path / "flink-logs",
+                          checkpoint_interval_ms=10_000)
     create_topics(s)
     produce(s, PHASE1)
     log = tmp_path / "features-run.log"
-    job = rtrec_process(s, log, "features", "run")
+    job = rtrec_process(killed, log, "features", "run")
     try:
         wait_for(s, s.kafka.topics.features, "FeatureRecord", lambda got: len(got.records) > 20, timeout_s=120)
         produce(s, PHASE2[:100])
