@@ -181,9 +181,7 @@ class Columns:
         history_idx = None
         assert self.history_hash is not None and self.history_len is not None
         if self.history_hash.shape[1]:
-            buckets = (self.history_hash % np.uint64(item_buckets)).astype(np.int64)
-            present = np.arange(self.history_hash.shape[1])[None, :] < self.history_len[:, None]
-            history_idx = torch.from_numpy(np.where(present, buckets, -1))
+            history_idx = torch.from_numpy(history_buckets(self.history_hash, self.history_len, item_buckets))
         return Batch(
             user_idx=torch.from_numpy((user_hash % np.uint64(user_buckets)).astype(np.int64)),
             item_idx=torch.from_numpy((item_hash % np.uint64(item_buckets)).astype(np.int64)),
@@ -195,3 +193,14 @@ class Columns:
             item_hash=item_hash,
             history_idx=history_idx,
         )
+
+
+def history_buckets(hashes: np.ndarray, lengths: np.ndarray, item_buckets: int) -> np.ndarray:
+    """The model's history input from `history_matrix`'s hashes: item buckets, -1 past each row's length.
+
+    >>> history_buckets(np.array([[7, 9, 0]], dtype=np.uint64), np.array([2]), 4).tolist()
+    [[3, 1, -1]]
+    """
+    buckets = (hashes % np.uint64(item_buckets)).astype(np.int64)
+    present = np.arange(hashes.shape[1])[None, :] < lengths[:, None]
+    return np.where(present, buckets, -1)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from feature_store.base import FeatureReader
-from gpu_trainer.batch import Columns, bucket, history_matrix
+from gpu_trainer.batch import Columns, bucket, history_buckets, history_matrix
 from gpu_trainer.model_registry import ModelRegistry
 from gpu_trainer.models import build_model
 from gpu_trainer.snapshots import Manifest, SnapshotError, SnapshotStore
@@ -42,9 +42,7 @@ class LoadedModel:
             return None
         hashes, count = history_matrix(np.asarray(recent_items, dtype=object), np.array([len(recent_items)]),
                                        self.history_length)
-        buckets = (hashes % np.uint64(self.item_buckets)).astype(np.int64)
-        buckets[0, int(count[0]):] = -1
-        return torch.from_numpy(np.repeat(buckets, rows, axis=0))
+        return torch.from_numpy(np.repeat(history_buckets(hashes, count, self.item_buckets), rows, axis=0))
 
     @torch.no_grad()
     def score_arrays(self, user_ids: Sequence[str], item_ids: Sequence[str], dense: np.ndarray,
