@@ -80,7 +80,11 @@ def test_a_full_checkpoint_disk_is_reported_given_up_on_and_resumed_without_loss
 
         filler = small_disk / "filler"
         subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)  # until ENOSPC
-        wait_until(lambda: job.poll() is not None, 120, "features run giving up", log)
+        try:
+            wait_until(lambda: job.poll() is not None, 120, "features run giving up", log)
+        except AssertionError as exc:  # say where the checkpoints stood: a full-suite run once waited here
+            status = CliRunner().invoke(cli, ["features", "status"], env=env_of(s))
+            raise AssertionError(f"{exc}\nfeatures status:\n{status.output}") from None
     finally:
         if job.poll() is None:
             job.kill()
