@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -418,7 +418,8 @@ class TrainerSettings(Section):
     # waiting for the killed one's session to time out.
     instance_id: str = "trainer-0"
     session_timeout_ms: int = 10_000
-    model: str = "mf"  # "mf" or "deepfm"
+    # din: attention over the recent items, their event types and ages (needs history_length > 0)
+    model: Literal["mf", "deepfm", "din"] = "mf"
     embedding_dim: int = 32
     user_buckets: int = 1 << 18
     item_buckets: int = 1 << 18
@@ -460,6 +461,13 @@ class TrainerSettings(Section):
     device: str = "auto"  # "auto", "cpu", "cuda"
     amp: str = "auto"  # "auto" (bf16 on CUDA), "bf16", "fp16", "off"
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _din_reads_recent_items(self) -> TrainerSettings:
+        if self.model == "din" and not self.history_length:
+            raise ValueError("trainer.model din attends over the recent items: set trainer.history_length > 0 "
+                             "(RTREC_TRAINER__HISTORY_LENGTH), at most flink.history_length")
+        return self
 
 
 class Settings(BaseSettings):

@@ -13,7 +13,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 
 from core.kafka import cached_lag, ensure_topics, producer_config
 from core.settings import KafkaSettings, TrainerSettings
-from gpu_trainer.batch import COLUMN_SOURCES
+from gpu_trainer.batch import COLUMN_SOURCES, HISTORY_SOURCES
 from gpu_trainer.distributed import Ranks
 from schemas.bulk import BulkDecoder
 from schemas.dead_letter import Reject, dead_letter
@@ -21,6 +21,13 @@ from schemas.feature_set import FEATURE_NAMES
 from schemas.kafka_io import AvroConsumer, AvroProducer, ConsumedBatch, read_topic
 
 log = logging.getLogger("rtrec.trainer")
+
+
+def history_fields(trainer: TrainerSettings) -> tuple[str, ...]:
+    """The recent-engagement fields the configured model reads: none, the items, or (din) all three."""
+    if not trainer.history_length:
+        return ()
+    return HISTORY_SOURCES if trainer.model == "din" else HISTORY_SOURCES[:1]
 
 
 class KafkaSampleSource:
@@ -32,11 +39,12 @@ class KafkaSampleSource:
 
     def __init__(self, bootstrap: str, topic: str, group_id: str, instance_id: str | None = None,
                  session_timeout_ms: int = 10_000, security: Mapping[str, str] | None = None,
-                 ranks: Ranks | None = None, n_features: int = len(FEATURE_NAMES), read_history: bool = True) -> None:
+                 ranks: Ranks | None = None, n_features: int = len(FEATURE_NAMES),
+                 history_fields: tuple[str, ...] = HISTORY_SOURCES) -> None:
         self.topic = topic
         # decoded in bulk: per-record decoding in Python capped the service at about 30k samples/s
         # only what the columns hold: each string kept costs a Python object per record
-        self._decoder = BulkDecoder("TrainingSample", keep=COLUMN_SOURCES + (("recent_items",) if read_history else ()))
+        self._decoder = BulkDecoder("TrainingSample", keep=COLUMN_SOURCES + history_fields)
         self._widths = {"features": n_features}
         self.ranks = ranks  # given: this rank's share of the partitions, assigned without the group protocol
         self.start_offsets: dict[tuple[str, int], int] = {}
@@ -51,7 +59,7 @@ class KafkaSampleSource:
                       ranks: Ranks | None = None) -> KafkaSampleSource:
         return cls(kafka.bootstrap_servers, kafka.topics.samples, trainer.group_id, trainer.instance_id,
                    trainer.session_timeout_ms, kafka.security.librdkafka(), ranks,
-                   read_history=trainer.history_length > 0)
+                   history_fields=history_fields(trainer))
 
     def start(self, positions: Mapping[tuple[str, int], int]) -> None:
         self.start_offsets = dict(positions)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from core.settings import TrainerSettings
-from gpu_trainer.batch import Batch
+from gpu_trainer.batch import HISTORY_AGE_BUCKETS, HISTORY_TYPE_BUCKETS, Batch
 from gpu_trainer.collisions import CollisionCounter
 from gpu_trainer.device import amp_dtype, pick_device
 from gpu_trainer.models import build_model, sparse_tables
@@ -33,6 +33,9 @@ def model_config(cfg: TrainerSettings, n_dense: int) -> dict[str, Any]:
         config["history_length"] = cfg.history_length
     if cfg.model == "deepfm":
         config["hidden_dims"] = list(cfg.hidden_dims)
+    if cfg.model == "din":
+        config.update(history_length=cfg.history_length, type_buckets=HISTORY_TYPE_BUCKETS,
+                      age_buckets=HISTORY_AGE_BUCKETS)
     return config
 
 
@@ -87,12 +90,16 @@ class Learner:
         if batch.history_idx is not None:
             recent = batch.history_idx[batch.history_idx >= 0]
             items = torch.unique(torch.cat([items, recent]))
-        return {n: (users if n.startswith("user") else items) for n in self.tables}
+        rows = {n: (users if n.startswith("user") else items) for n in self.tables}
+        for name, table in self.tables.items():
+            if name.startswith("history_"):  # the recent items' type and age tables: a few rows, all touched
+                rows[name] = torch.arange(table.num_embeddings, device=users.device)
+        return rows
 
     def forward(self, batch: Batch, model: nn.Module | None = None) -> torch.Tensor:
         """Logits of the trained weights, or of `model` (the published one)."""
         with torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
-            return (model or self.model)(batch.user_idx, batch.item_idx, batch.dense, batch.history_idx).float()
+            return (model or self.model)(*batch.model_inputs()).float()
 
     def _warm_start_bias(self, batch: Batch) -> None:
         """Sets the output bias to the first batch's base rate (log-odds). Otherwise Adam's first steps,

@@ -1,5 +1,6 @@
 """Export of a snapshot's published model to ONNX (inputs: user bucket, item bucket, dense features,
-and for a model that reads them the recent items' buckets, [batch, history_length], -1 padding).
+and for a model that reads them the recent items' buckets, [batch, history_length], -1 padding; for
+the din model also their type and age buckets, `gpu_trainer.batch.type_buckets` and `age_buckets`).
 
 Callers hash ids into buckets with `gpu_trainer.batch.bucket` and the snapshot's bucket counts.
 """
@@ -19,9 +20,8 @@ class _Probability(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, user_idx: torch.Tensor, item_idx: torch.Tensor, dense: torch.Tensor,
-                history_idx: torch.Tensor | None = None) -> torch.Tensor:
-        return torch.sigmoid(self.model(user_idx, item_idx, dense, history_idx))
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.model(*inputs))
 
 
 def export_onnx(loaded: LoadedModel, path: Path) -> Path:
@@ -32,6 +32,9 @@ def export_onnx(loaded: LoadedModel, path: Path) -> Path:
     if loaded.history_length:
         example = (*example, torch.full((2, loaded.history_length), -1, dtype=torch.int64))
         names.append("history_idx")
+        if loaded.reads_types_and_ages:
+            example = (*example, *(torch.zeros(2, loaded.history_length, dtype=torch.int64) for _ in range(2)))
+            names += ["history_type", "history_age"]
     wrapper = _Probability(loaded.model).eval()
     path.parent.mkdir(parents=True, exist_ok=True)
     import warnings

@@ -1,4 +1,5 @@
-"""Pure nn.Modules scoring (user bucket, item bucket, dense features) -> logit."""
+"""Pure nn.Modules scoring (user bucket, item bucket, dense features, and the user's recent items'
+buckets, type buckets and age buckets) -> logit (`Batch.model_inputs` is that order)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from typing import Any
 from torch import nn
 
 from gpu_trainer.models.deepfm import DeepFM
+from gpu_trainer.models.din import DIN
 from gpu_trainer.models.mf import IncrementalMF
 
-MODELS: dict[str, type[nn.Module]] = {"mf": IncrementalMF, "deepfm": DeepFM}
+MODELS: dict[str, type[nn.Module]] = {"mf": IncrementalMF, "deepfm": DeepFM, "din": DIN}
 
 
 def build_model(name: str, config: dict[str, Any]) -> nn.Module:

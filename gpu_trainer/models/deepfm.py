@@ -45,7 +45,9 @@ class DeepFM(nn.Module):
             self.dense_linear.bias.fill_(logit)
 
     def forward(self, user_idx: torch.Tensor, item_idx: torch.Tensor, dense: torch.Tensor,
-                history_idx: torch.Tensor | None = None) -> torch.Tensor:
+                history_idx: torch.Tensor | None = None, history_type: torch.Tensor | None = None,
+                history_age: torch.Tensor | None = None) -> torch.Tensor:
+        # the recent items' types and ages are read by the din model only
         x = signed_log1p(dense)
         u, i = self.user(user_idx), self.item(item_idx)
         ids = [u, i]

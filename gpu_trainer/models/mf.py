@@ -35,7 +35,9 @@ class IncrementalMF(nn.Module):
             self.dense.bias.fill_(logit)
 
     def forward(self, user_idx: torch.Tensor, item_idx: torch.Tensor, dense: torch.Tensor,
-                history_idx: torch.Tensor | None = None) -> torch.Tensor:
+                history_idx: torch.Tensor | None = None, history_type: torch.Tensor | None = None,
+                history_age: torch.Tensor | None = None) -> torch.Tensor:
+        # the recent items' types and ages are read by the din model only
         user = self.user(user_idx)
         if self.history_length and history_idx is not None:
             user = user + mean_pool(self.item, history_idx)

@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 import click
+from pydantic import ValidationError
 
-from core.settings import Settings
+from core.settings import Settings, TrainerSettings
 from gpu_trainer.service import RanksChanged, TrainerService
 from rtrec.cli.signals import graceful_stop
 
@@ -23,7 +24,7 @@ def train_group() -> None:
 @train_group.command("run")
 @click.option("--max-samples", type=int, default=None, help="Stop after this many samples in total.")
 @click.option("--idle-exit", "idle_exit_s", type=float, default=None, help="Stop after N seconds without input.")
-@click.option("--model", type=click.Choice(["mf", "deepfm"]), default=None, help="Overrides trainer.model.")
+@click.option("--model", type=click.Choice(["mf", "deepfm", "din"]), default=None, help="Overrides trainer.model.")
 @click.pass_obj
 def run(settings: Settings, max_samples: int | None, idle_exit_s: float | None, model: str | None) -> None:
     """Consume training samples, train incrementally, publish snapshots. SIGTERM or Ctrl-C: a final
@@ -33,7 +34,11 @@ def run(settings: Settings, max_samples: int | None, idle_exit_s: float | None, 
     share of the partitions and rank 0 writes the snapshots of the one model (gpu_trainer.distributed)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if model:
-        settings = settings.model_copy(update={"trainer": settings.trainer.model_copy(update={"model": model})})
+        try:  # validated again: din needs trainer.history_length
+            trainer = TrainerSettings.model_validate({**settings.trainer.model_dump(), "model": model})
+        except ValidationError as exc:
+            raise click.UsageError(str(exc.errors()[0]["msg"])) from None
+        settings = settings.model_copy(update={"trainer": trainer})
     with graceful_stop(settings.trainer.shutdown_timeout_s) as stop:
         service = TrainerService.from_settings(settings)
         try:

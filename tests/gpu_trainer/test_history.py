@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from core.settings import TrainerSettings
-from gpu_trainer.batch import Columns, bucket
+from gpu_trainer.batch import COLUMN_SOURCES, HISTORY_SOURCES, Columns, bucket
 from gpu_trainer.learner import Learner
 from gpu_trainer.onnx_export import export_onnx
 from gpu_trainer.prequential import auc
-from gpu_trainer.scoring import LoadedModel
+from gpu_trainer.scoring import LoadedModel, Recent
 
 
 def taste_stream(n: int, rng: np.random.Generator, offset: int, items: int = 40, recent: int = 5) -> Columns:
@@ -88,16 +88,131 @@ def test_scoring_and_onnx_feed_the_recent_items(tmp_path: Path) -> None:
     dense = np.zeros((80, 2), np.float32)
     for taste in (0, 1):
         recent = [f"i{taste * 40 + k}" for k in range(5)]
-        scores = loaded.score_arrays(["new-user"] * 80, candidates, dense, recent)
+        scores = loaded.score_arrays(["new-user"] * 80, candidates, dense, Recent(recent))
         assert scores[taste * 40:(taste + 1) * 40].mean() > scores[(1 - taste) * 40:(2 - taste) * 40].mean() + 0.2
         records = [{"sample_id": "s", "user_id": "new-user", "item_id": c, "features": [0.0, 0.0], "label": 0,
                     "event_time": 1, "feature_set": "v1", "recent_items": recent} for c in candidates]
         np.testing.assert_allclose(loaded.score_samples(records), scores, rtol=1e-6)
         path = export_onnx(loaded, tmp_path / f"model-{taste}.onnx")
         session = ort.InferenceSession(str(path))
-        history = loaded.history_idx(recent, 80)
+        history = loaded.history_inputs(Recent(recent), 80)[0]
         assert history is not None
         got = session.run(None, {"user_idx": bucket(["new-user"] * 80, loaded.user_buckets),
                                  "item_idx": bucket(candidates, loaded.item_buckets), "dense": dense,
                                  "history_idx": history.numpy()})[0]
         np.testing.assert_allclose(got, scores, rtol=1e-5, atol=1e-6)
+
+
+def signal_stream(n: int, rng: np.random.Generator, offset: int, signal: str, clusters: int = 4, items: int = 20,
+                  recent: int = 5) -> Columns:
+    """Every user is new, with `recent` engaged items of random clusters, one of which (at a random
+    place in the list) is of the user's taste; the candidate is clicked mostly when it is of that
+    taste. `signal` says what marks the telling item: its event type ("type": an order among clicks)
+    or its age ("age": a minute old among hour-old ones)."""
+    taste = rng.integers(0, clusters, n)
+    candidate = rng.integers(0, clusters * items, n)
+    history = rng.integers(0, clusters, (n, recent)) * items + rng.integers(0, items, (n, recent))
+    telling = rng.integers(0, recent, n)
+    history[np.arange(n), telling] = taste * items + rng.integers(0, items, n)
+    p = np.where(candidate // items == taste, 0.8, 0.1)
+    records = []
+    for k in range(n):
+        types, ages = ["click"] * recent, [3_600_000 - j for j in range(recent)]
+        if signal == "type":
+            types[telling[k]], ages = "order", [60_000] * recent
+        else:
+            ages[telling[k]] = 60_000
+        records.append({"sample_id": f"s{offset + k}", "user_id": f"u{offset + k}", "item_id": f"i{candidate[k]}",
+                        "features": [0.0, 0.0], "label": int(rng.random() < p[k]), "event_time": offset + k,
+                        "feature_set": "v1", "recent_items": [f"i{j}" for j in history[k]],
+                        "recent_types": types, "recent_ages_ms": ages})
+    return Columns.from_records(records, width=2, history_length=recent)
+
+
+def signal_auc(model: str, signal: str) -> float:
+    cfg = TrainerSettings(model=model, history_length=5, user_buckets=1 << 16, item_buckets=1024, embedding_dim=8,
+                          lr=0.05)
+    learner = Learner(cfg, n_dense=2, device=torch.device("cpu"))
+    rng = np.random.default_rng(0)
+    scores, labels = [], []
+    for k in range(60):
+        batch = signal_stream(256, rng, k * 256, signal).to_batch(cfg.user_buckets, cfg.item_buckets)
+        if k >= 40:
+            scores.append(learner.predict(batch))
+            labels.append(batch.label.numpy())
+        learner.step(batch)
+    value = auc(np.concatenate(scores), np.concatenate(labels))
+    assert value is not None
+    return value
+
+
+def test_din_finds_the_telling_recent_item_by_its_type_or_age_where_mean_pooling_cannot() -> None:
+    pooling = signal_auc("mf", "type")  # reads neither types nor ages: the same on either stream
+    for signal in ("type", "age"):
+        attending = signal_auc("din", signal)
+        assert attending > 0.75 and attending > pooling + 0.1, (signal, attending, pooling)
+
+
+def test_the_bulk_decoded_samples_carry_the_same_history_as_the_records() -> None:
+    """The trainer decodes in bulk; scoring and evaluation build columns from records: one history."""
+    from schemas.bulk import BulkDecoder
+    from schemas.serde import serializer
+
+    columns = signal_stream(50, np.random.default_rng(3), 0, "type")
+    records = [{"sample_id": str(columns.sample_id[k]), "user_id": str(columns.user_id[k]),
+                "item_id": str(columns.item_id[k]), "event_time": int(columns.event_time_ms[k]),
+                "label": int(columns.label[k]), "features": [0.0, 0.0], "feature_set": "v1", "position": None,
+                "recent_items": [f"i{k}", "x"][: k % 3], "recent_types": ["order", "click"][: k % 3],
+                "recent_ages_ms": [5_000, 90_000][: k % 3]} for k in range(50)]
+    records[8]["recent_types"] = ["like"]  # one type for two items: both read as not known
+    encode = serializer("TrainingSample")
+    decoded = BulkDecoder("TrainingSample", keep=COLUMN_SOURCES + HISTORY_SOURCES).decode(
+        [encode(r) for r in records], [encode.header_value] * 50, widths={"features": 2})
+    bulk = Columns.from_decoded(decoded, 2, history_length=3).to_batch(64, 64)
+    one_by_one = Columns.from_records(records, width=2, history_length=3).to_batch(64, 64)
+    for name in ("history_idx", "history_type", "history_age"):
+        assert torch.equal(getattr(bulk, name), getattr(one_by_one, name)), name
+    assert bulk.history_type is not None and bulk.history_age is not None
+    assert bulk.history_type[8].tolist() == [0, 0, 0] and bulk.history_age[8].tolist() == [3, 7, 0]
+    assert bulk.history_type[2, 0] != bulk.history_type[2, 1] and bulk.history_age[2, 0] < bulk.history_age[2, 1]
+
+
+def test_din_scoring_and_onnx_read_the_types_and_ages(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    cfg = TrainerSettings(model="din", history_length=5, user_buckets=1 << 10, item_buckets=1024, embedding_dim=8,
+                          lr=0.05)
+    learner = Learner(cfg, n_dense=2, device=torch.device("cpu"))
+    rng = np.random.default_rng(4)
+    for k in range(60):
+        learner.step(signal_stream(256, rng, k * 256, "type").to_batch(cfg.user_buckets, cfg.item_buckets))
+    loaded = LoadedModel(SimpleNamespace(model_config=learner.config), learner.model)  # type: ignore[arg-type]
+    assert loaded.reads_types_and_ages
+    candidates = [f"i{k}" for k in range(80)]
+    dense = np.zeros((80, 2), np.float32)
+    items = ["i0", "i25", "i45", "i65"]  # one of each cluster; which one is the order tells the taste
+    for taste in range(4):
+        recent = Recent(items, ["order" if k == taste else "click" for k in range(4)], [60_000] * 4)
+        scores = loaded.score_arrays(["new-user"] * 80, candidates, dense, recent)
+        ours = scores[taste * 20:(taste + 1) * 20].mean()
+        assert ours > np.delete(scores, np.s_[taste * 20:(taste + 1) * 20]).mean() + 0.1, taste
+        records = [{"sample_id": "s", "user_id": "new-user", "item_id": c, "features": [0.0, 0.0], "label": 0,
+                    "event_time": 1, "feature_set": "v1", "recent_items": list(recent.items),
+                    "recent_types": list(recent.types), "recent_ages_ms": list(recent.ages_ms)} for c in candidates]
+        np.testing.assert_allclose(loaded.score_samples(records), scores, rtol=1e-6)
+        # told nothing of types and ages, the model scores otherwise
+        assert not np.allclose(loaded.score_arrays(["new-user"] * 80, candidates, dense, Recent(recent.items)), scores)
+        path = export_onnx(loaded, tmp_path / f"din-{taste}.onnx")
+        history, types_in, ages_in = loaded.history_inputs(recent, 80)
+        assert history is not None and types_in is not None and ages_in is not None
+        got = ort.InferenceSession(str(path)).run(None, {
+            "user_idx": bucket(["new-user"] * 80, loaded.user_buckets),
+            "item_idx": bucket(candidates, loaded.item_buckets),
+            "dense": dense, "history_idx": history.numpy(), "history_type": types_in.numpy(),
+            "history_age": ages_in.numpy()})[0]
+        np.testing.assert_allclose(got, scores, rtol=1e-5, atol=1e-6)
+
+
+def test_din_needs_the_recent_items() -> None:
+    with pytest.raises(ValueError, match="history_length"):
+        TrainerSettings(model="din")

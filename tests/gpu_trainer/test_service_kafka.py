@@ -17,7 +17,7 @@ from core.settings import Settings
 from feature_store.redis_store import RedisFeatureStore
 from gpu_trainer.model_registry import ModelRegistry
 from gpu_trainer.onnx_export import export_onnx
-from gpu_trainer.scoring import feature_matrix, load_current, load_snapshot
+from gpu_trainer.scoring import Recent, feature_matrix, load_current, load_snapshot
 from gpu_trainer.service import TrainerService
 from gpu_trainer.snapshots import SnapshotStore
 from rtrec.cli.main import cli
@@ -86,8 +86,10 @@ def test_trains_every_sample_once_dead_letters_bad_ones_and_publishes(settings: 
         assert name in scraped, name
 
 
-def test_a_model_reading_recent_items_trains_publishes_and_scores(settings: Settings, tmp_path: Path) -> None:
-    s = trainer_settings(settings, tmp_path, history_length=3)
+@pytest.mark.parametrize("model", ["mf", "din"])
+def test_a_model_reading_recent_items_trains_publishes_and_scores(settings: Settings, tmp_path: Path,
+                                                                  model: str) -> None:
+    s = trainer_settings(settings, tmp_path, history_length=3, model=model)
     samples = make_samples(4000, seed=7)
     produce_samples(s, samples)
     summary = TrainerService.from_settings(s).run(idle_exit_s=3.0)
@@ -99,6 +101,9 @@ def test_a_model_reading_recent_items_trains_publishes_and_scores(settings: Sett
     assert np.isfinite(scores).all()
     without = loaded.score_samples([dict(r, recent_items=[]) for r in samples[-500:]])
     assert not np.allclose(scores, without)  # the recent items move the scores
+    if model == "din":  # trained on the types and ages it decoded: told none, it scores otherwise
+        unknown = loaded.score_samples([dict(r, recent_types=[], recent_ages_ms=[]) for r in samples[-500:]])
+        assert not np.allclose(scores, unknown)
 
     # served: `model score` reads the user's list from the online store, cut as the samples' are
     current = load_current(ModelRegistry(store, s.redis.url, s.redis.key_prefix))  # what `model score` uses
@@ -115,7 +120,9 @@ def test_a_model_reading_recent_items_trains_publishes_and_scores(settings: Sett
     lines = result.output.splitlines()
     assert lines[1] == "recent items (online store): i3,i1,i2"  # the model reads 3; i9 is past the lookback
     printed = dict(line.split("\t") for line in lines[2:])
-    served = current.score_arrays(["u1", "u1"], ["i1", "i2"], feature_matrix(online, "u1", ["i1", "i2"]), listed[:3])
+    # the ages the store's times give at scoring time: all under a second, one age bucket
+    served = current.score_arrays(["u1", "u1"], ["i1", "i2"], feature_matrix(online, "u1", ["i1", "i2"]),
+                                  Recent(listed[:3], ["click"] * 3, [10, 20, 30]))
     assert [float(printed[i]) for i in ("i1", "i2")] == pytest.approx(served.tolist(), abs=1e-6)
     given = CliRunner().invoke(cli, ["model", "score", "--user", "u1", "--items", "i1", "--recent", ""], env=env_of(s))
     assert given.output.splitlines()[1] == "recent items (given): "
