@@ -196,21 +196,15 @@ def compare(samples: list[dict], cfg: TrainerSettings, train_fraction: float, pe
                                            len(tail) / max(took, 1e-9))))
     results.append(done(_auto(per_batch, _batches(tail, batch), tail, seconds)))
     if history_length and not cfg.history_length:
-        reading = cfg.model_copy(update={"history_length": history_length, "ema_enabled": False,
-                                         "ewc_enabled": False})
-        results.append(done(StrategyResult(f"frozen + recent items (H={history_length})",
-                                           _predict(_fit(reading, head, epochs, batch), tail), tail.label,
-                                           tail.event_time_ms)))
-        learner = _fit(reading, head, epochs, batch)
-        out = []
-        started = time.perf_counter()
-        for part in _batches(tail, batch):
-            out.append(_predict(learner, part))
-            learner.step(part.to_batch(reading.user_buckets, reading.item_buckets))
-        took = time.perf_counter() - started
-        results.append(done(StrategyResult(f"real-time plain + recent items (H={history_length})",
-                                           np.concatenate(out), tail.label, tail.event_time_ms,
-                                           len(tail) / max(took, 1e-9))))
+        # the configured model mean-pooling the recent items, then din attending over them (with types, ages)
+        for model, label in ((cfg.model, "+ recent items"), ("din", "din (attention over recent items)")):
+            reading = cfg.model_copy(update={"model": model, "history_length": history_length, "ema_enabled": False,
+                                             "ewc_enabled": False})
+            results.append(done(StrategyResult(f"frozen {label} (H={history_length})",
+                                               _predict(_fit(reading, head, epochs, batch), tail), tail.label,
+                                               tail.event_time_ms)))
+            results.append(done(_real_time(f"real-time plain {label} (H={history_length})", reading,
+                                           _fit(reading, head, epochs, batch), tail, batch)))
     if peer == "river":
         from rtrec.peer_baseline import river_fm
 
@@ -218,6 +212,17 @@ def compare(samples: list[dict], cfg: TrainerSettings, train_fraction: float, pe
         results.append(done(StrategyResult("River FMClassifier (k=10), same protocol", probs, tail.label,
                                            tail.event_time_ms, rate)))
     return results
+
+
+def _real_time(name: str, cfg: TrainerSettings, learner: Learner, tail: Columns, batch: int) -> StrategyResult:
+    """`learner` scores each batch of `tail`, then learns from it."""
+    out = []
+    started = time.perf_counter()
+    for part in _batches(tail, batch):
+        out.append(_predict(learner, part))
+        learner.step(part.to_batch(cfg.user_buckets, cfg.item_buckets))
+    took = time.perf_counter() - started
+    return StrategyResult(name, np.concatenate(out), tail.label, tail.event_time_ms, len(tail) / max(took, 1e-9))
 
 
 def _auto(per_batch: dict[str, list[np.ndarray]], parts: list[Columns], tail: Columns,

@@ -29,6 +29,32 @@ def make_samples(n: int, seed: int = 0, start: int = 0, random_labels: bool = Fa
              "recent_ages_ms": [1000 * (j + 1) for j in range(recent[k])]} for k in range(n)]
 
 
+def signal_records(n: int, rng: np.random.Generator, offset: int, signal: str, clusters: int = 4, items: int = 20,
+                   recent: int = 5) -> list[dict]:
+    """Every user is new, with `recent` engaged items of random clusters, one of which (at a random
+    place in the list) is of the user's taste; the candidate is clicked mostly when it is of that
+    taste. `signal` says what marks the telling item: its event type ("type": an order among clicks)
+    or its age ("age": a minute old among hour-old ones)."""
+    taste = rng.integers(0, clusters, n)
+    candidate = rng.integers(0, clusters * items, n)
+    history = rng.integers(0, clusters, (n, recent)) * items + rng.integers(0, items, (n, recent))
+    telling = rng.integers(0, recent, n)
+    history[np.arange(n), telling] = taste * items + rng.integers(0, items, n)
+    p = np.where(candidate // items == taste, 0.8, 0.1)
+    records = []
+    for k in range(n):
+        types, ages = ["click"] * recent, [3_600_000 - j for j in range(recent)]
+        if signal == "type":
+            types[telling[k]], ages = "order", [60_000] * recent
+        else:
+            ages[telling[k]] = 60_000
+        records.append({"sample_id": f"s{offset + k}", "user_id": f"u{offset + k}", "item_id": f"i{candidate[k]}",
+                        "features": [0.0, 0.0], "label": int(rng.random() < p[k]), "event_time": offset + k,
+                        "feature_set": "v1", "recent_items": [f"i{j}" for j in history[k]],
+                        "recent_types": types, "recent_ages_ms": ages})
+    return records
+
+
 def produce_samples(settings: Settings, samples: list[dict]) -> None:
     k = settings.kafka
     ensure_topics(k.bootstrap_servers, [k.topics.samples], k.partitions)

@@ -17,6 +17,7 @@ from gpu_trainer.learner import Learner
 from gpu_trainer.onnx_export import export_onnx
 from gpu_trainer.prequential import auc
 from gpu_trainer.scoring import LoadedModel, Recent
+from tests.gpu_trainer.samples import signal_records
 
 
 def taste_stream(n: int, rng: np.random.Generator, offset: int, items: int = 40, recent: int = 5) -> Columns:
@@ -103,30 +104,8 @@ def test_scoring_and_onnx_feed_the_recent_items(tmp_path: Path) -> None:
         np.testing.assert_allclose(got, scores, rtol=1e-5, atol=1e-6)
 
 
-def signal_stream(n: int, rng: np.random.Generator, offset: int, signal: str, clusters: int = 4, items: int = 20,
-                  recent: int = 5) -> Columns:
-    """Every user is new, with `recent` engaged items of random clusters, one of which (at a random
-    place in the list) is of the user's taste; the candidate is clicked mostly when it is of that
-    taste. `signal` says what marks the telling item: its event type ("type": an order among clicks)
-    or its age ("age": a minute old among hour-old ones)."""
-    taste = rng.integers(0, clusters, n)
-    candidate = rng.integers(0, clusters * items, n)
-    history = rng.integers(0, clusters, (n, recent)) * items + rng.integers(0, items, (n, recent))
-    telling = rng.integers(0, recent, n)
-    history[np.arange(n), telling] = taste * items + rng.integers(0, items, n)
-    p = np.where(candidate // items == taste, 0.8, 0.1)
-    records = []
-    for k in range(n):
-        types, ages = ["click"] * recent, [3_600_000 - j for j in range(recent)]
-        if signal == "type":
-            types[telling[k]], ages = "order", [60_000] * recent
-        else:
-            ages[telling[k]] = 60_000
-        records.append({"sample_id": f"s{offset + k}", "user_id": f"u{offset + k}", "item_id": f"i{candidate[k]}",
-                        "features": [0.0, 0.0], "label": int(rng.random() < p[k]), "event_time": offset + k,
-                        "feature_set": "v1", "recent_items": [f"i{j}" for j in history[k]],
-                        "recent_types": types, "recent_ages_ms": ages})
-    return Columns.from_records(records, width=2, history_length=recent)
+def signal_stream(n: int, rng: np.random.Generator, offset: int, signal: str) -> Columns:
+    return Columns.from_records(signal_records(n, rng, offset, signal), width=2, history_length=5)
 
 
 def signal_auc(model: str, signal: str) -> float:
