@@ -449,6 +449,10 @@ class TrainerSettings(Section):
     # Names: plain, ema, ewc, ema+ewc (their momentum and λ are those above). Empty: the one rule of
     # ema_enabled / ewc_enabled.
     shadow_variants: tuple[Literal["plain", "ema", "ewc", "ema+ewc"], ...] = ()
+    # Under torchrun (gpu_trainer.distributed), what the ranks exchange each step: "samples" (each rank
+    # steps on all of them: only ingest is split) or "gradients" (each rank steps on its own samples and
+    # the gradients are summed: the step is split too). README, "Ranks", has the figures.
+    rank_exchange: Literal["samples", "gradients"] = "samples"
     shadow_margin: float = 0.005
     snapshot_every_s: float = 10.0
     snapshot_every_samples: int = 100_000

@@ -19,14 +19,15 @@ A rank with no partition, or none with data, still takes part in every round.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TypeVar
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from gpu_trainer.base import Positions
 from gpu_trainer.batch import Batch
@@ -38,24 +39,38 @@ T = TypeVar("T")
 class Round:
     """What one rank brings to a round."""
 
-    batch: Batch  # the samples it polled that passed the checks
+    batch: Batch  # the samples it polled that passed the checks (none sent when ranks exchange gradients)
     offsets: Positions  # the next offset of each partition it polled from
     dead_lettered: int  # rejects among what it polled
     idle_s: float  # how long it has polled nothing
     stop: bool  # it was asked to stop (SIGTERM, max samples)
     snapshot_due: bool = False  # by the clock (trainer.snapshot_every_s); rank 0's counts
+    rows: int | None = None  # how many samples it polled; None: len(batch)
+    newest_ms: int | None = None  # the newest sample's event time; None: batch's
+
+    def polled(self) -> tuple[int, int | None]:
+        if self.rows is not None:
+            return self.rows, self.newest_ms
+        return len(self.batch), int(self.batch.event_time_ms.max()) if len(self.batch) else None
+
+    def without_samples(self) -> Round:
+        """This round for ranks that each learn from their own samples: counts instead of the batch."""
+        rows, newest = self.polled()
+        return replace(self, batch=self.batch.head(0), rows=rows, newest_ms=newest)
 
 
 @dataclass
 class Agreed:
     """What every rank takes from a round: the same on all of them."""
 
-    batch: Batch
+    batch: Batch  # every rank's samples, in rank order (none when ranks exchange gradients)
     offsets: Positions = field(default_factory=dict)
     dead_lettered: int = 0
     idle_s: float = 0.0  # the least idle rank's
     stop: bool = False
     snapshot_due: bool = False
+    rows: int = 0  # every rank's samples
+    newest_ms: int | None = None  # the newest of them
 
 
 def combine(rounds: Sequence[Round]) -> Agreed:
@@ -69,12 +84,18 @@ def combine(rounds: Sequence[Round]) -> Agreed:
     >>> agreed = combine([a, b])
     >>> len(agreed.batch), agreed.offsets, agreed.dead_lettered, agreed.idle_s, agreed.stop, agreed.snapshot_due
     (2, {('t', 0): 2}, 1, 5.0, True, True)
+    >>> counted = combine([a.without_samples(), b.without_samples()])
+    >>> len(counted.batch), counted.rows, counted.newest_ms
+    (0, 2, 1)
     """
     offsets: Positions = {}
     for r in rounds:
         offsets.update(r.offsets)
+    polled = [r.polled() for r in rounds]
+    newest = [t for _, t in polled if t is not None]
     return Agreed(Batch.concat([r.batch for r in rounds]), offsets, sum(r.dead_lettered for r in rounds),
-                  min(r.idle_s for r in rounds), any(r.stop for r in rounds), rounds[0].snapshot_due)
+                  min(r.idle_s for r in rounds), any(r.stop for r in rounds), rounds[0].snapshot_due,
+                  sum(n for n, _ in polled), max(newest) if newest else None)
 
 
 @dataclass(frozen=True)
@@ -136,3 +157,46 @@ class Ranks:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class GradientExchange:
+    """The ranks' StepExchange (gpu_trainer.exchange) over torch.distributed: dense gradients summed by
+    one all-reduce, the embedding tables' row-sparse gradients gathered and summed row by row (a
+    coalesce, done alike on every rank), the per-sample figures gathered as objects. Every rank ends a
+    step with the same gradients, so the replicas stay identical."""
+
+    distributed = True
+
+    def gather(self, mine: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        parts: list[Mapping[str, np.ndarray] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, dict(mine))
+        return {name: np.concatenate([p[name] for p in parts if p is not None]) for name in mine}
+
+    def reduce_grads(self, params: Mapping[str, nn.Parameter], sparse: Collection[str]) -> None:
+        dense = [p for name, p in params.items() if name not in sparse]
+        for p in dense:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if dense:
+            flat = torch.cat([p.grad.reshape(-1) for p in dense])  # type: ignore[union-attr]
+            dist.all_reduce(flat)
+            offset = 0
+            for p in dense:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))  # type: ignore[union-attr]
+                offset += p.numel()
+        mine = {}
+        for name in sparse:
+            grad = params[name].grad
+            if grad is None:
+                mine[name] = (torch.zeros((1, 0), dtype=torch.int64), torch.zeros((0, params[name].shape[1])))
+            else:
+                grad = grad.coalesce()
+                mine[name] = (grad.indices(), grad.values())
+        parts: list[dict[str, tuple[torch.Tensor, torch.Tensor]] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, mine)
+        for name in sparse:
+            p = params[name]
+            indices = torch.cat([part[name][0] for part in parts if part is not None], dim=1)
+            values = torch.cat([part[name][1].to(p.dtype) for part in parts if part is not None])
+            p.grad = torch.sparse_coo_tensor(indices.to(p.device), values.to(p.device), p.shape,
+                                             check_invariants=False).coalesce()

@@ -20,6 +20,7 @@ from core.settings import TrainerSettings
 from gpu_trainer.batch import HISTORY_AGE_BUCKETS, HISTORY_TYPE_BUCKETS, Batch
 from gpu_trainer.collisions import CollisionCounter
 from gpu_trainer.device import amp_dtype, pick_device
+from gpu_trainer.exchange import Alone, StepExchange
 from gpu_trainer.models import build_model, sparse_tables
 from gpu_trainer.prequential import Prequential
 from gpu_trainer.updates.ema import EMA
@@ -46,9 +47,12 @@ class StepResult:
 
 
 class Learner:
-    def __init__(self, cfg: TrainerSettings, n_dense: int, device: torch.device | None = None) -> None:
+    def __init__(self, cfg: TrainerSettings, n_dense: int, device: torch.device | None = None,
+                 exchange: StepExchange | None = None) -> None:
         torch.manual_seed(cfg.seed)
         self.cfg = cfg
+        # with other ranks each stepping on their own samples: every step is one step on all of them
+        self.exchange: StepExchange = exchange or Alone()
         self.device = device or pick_device(cfg.device)
         self.amp = amp_dtype(self.device, cfg.amp)
         self.model_name = cfg.model
@@ -77,19 +81,27 @@ class Learner:
             for name, param in self.published_model.named_parameters():
                 param.requires_grad_(False)
                 param.data = self.ema.shadow[name]
-        self.loss_fn = nn.BCEWithLogitsLoss()
+        # summed here and divided by all ranks' sample count: the gradient of the mean over all of them
+        self.loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
         self.samples_trained = 0
         self.non_finite_batches = 0
         self.collisions = {"user": CollisionCounter(cfg.user_buckets), "item": CollisionCounter(cfg.item_buckets)}
         self.sample_digest = 0  # sum of trained sample-id hashes mod 2**64: proves which samples, once each
-        # the published weights' scores of the last batch's first published_eval_rows rows (before learning)
+        # the published weights' scores of the last batch's first published_eval_rows rows (before learning),
+        # and their labels (with ranks: each rank's first rows, in rank order)
         self.last_published_scores: np.ndarray | None = None
+        self.last_published_labels: np.ndarray | None = None
 
     def _touched_rows(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """The rows of each table the batch reads: its users' in the user tables, its items' and recent
+        items' in the item tables, every row of the small type and age tables."""
         users, items = torch.unique(batch.user_idx), torch.unique(batch.item_idx)
         if batch.history_idx is not None:
             recent = batch.history_idx[batch.history_idx >= 0]
             items = torch.unique(torch.cat([items, recent]))
+        return self._rows(users, items)
+
+    def _rows(self, users: torch.Tensor, items: torch.Tensor) -> dict[str, torch.Tensor]:
         rows = {n: (users if n.startswith("user") else items) for n in self.tables}
         for name, table in self.tables.items():
             if name.startswith("history_"):  # the recent items' type and age tables: a few rows, all touched
@@ -101,11 +113,11 @@ class Learner:
         with torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
             return (model or self.model)(*batch.model_inputs()).float()
 
-    def _warm_start_bias(self, batch: Batch) -> None:
+    def _warm_start_bias(self, labels: np.ndarray) -> None:
         """Sets the output bias to the first batch's base rate (log-odds). Otherwise Adam's first steps,
         which move every weight by about lr whatever its gradient, push all feature weights the same
         way to fit the base rate, and a young model ranks backwards."""
-        rate = float(batch.label.float().mean().clamp(1e-4, 1 - 1e-4))
+        rate = float(np.clip(labels.mean(), 1e-4, 1 - 1e-4))
         init = getattr(self.model, "init_output_bias", None)
         if init is not None:
             init(float(np.log(rate / (1 - rate))))
@@ -114,43 +126,64 @@ class Learner:
                     if name not in self.tables:
                         self.ema.shadow[name].copy_(p.detach())
 
-    def step(self, batch: Batch) -> StepResult:
-        batch = batch.to(self.device, non_blocking=True)
-        if self.samples_trained == 0 and bool(torch.isfinite(batch.dense).all()):
-            self._warm_start_bias(batch)
-        self.model.train()
-        logits = self.forward(batch)
-        loss = self.loss_fn(logits, batch.label)
-        labels, at_ms = batch.label.cpu().numpy(), int(batch.event_time_ms.max())
-        trained_scores = torch.sigmoid(logits.detach()).cpu().numpy().astype(np.float64)
-        self.prequential.update(trained_scores, labels, at_ms)
-        # a slice of each batch: its forward pass then costs the same whatever the batch size
+    def _shared(self, batch: Batch, logits: torch.Tensor, loss_sum: torch.Tensor) -> dict[str, np.ndarray]:
+        """This batch's scores (of the trained weights, and of the published ones on its first
+        published_eval_rows rows), labels and hashes, with every other rank's."""
         rows = min(len(batch), self.cfg.published_eval_rows)
-        self.last_published_scores = trained_scores[:rows]
+        trained = torch.sigmoid(logits.detach()).cpu().numpy().astype(np.float64)
+        published = trained[:rows]
         if self.published_model is not None:
             with torch.no_grad():
-                published = torch.sigmoid(self.forward(batch.head(rows), self.published_model))
-            self.last_published_scores = published.cpu().numpy().astype(np.float64)
-            self.published_prequential.update(self.last_published_scores, labels[:rows], at_ms)
-        if not torch.isfinite(loss):
+                published = torch.sigmoid(self.forward(batch.head(rows), self.published_model)).cpu().numpy()
+        labels = batch.label.cpu().numpy()
+        touched = self._touched_rows(batch)
+        mine = {"score": trained, "label": labels, "time": batch.event_time_ms.numpy(),
+                "users": touched["user.weight"].cpu().numpy(), "items": touched["item.weight"].cpu().numpy(),
+                "published": published.astype(np.float64), "published_label": labels[:rows],
+                "sample_hash": batch.sample_hash, "loss": np.array([float(loss_sum.detach())])}
+        if batch.user_hash is not None and batch.item_hash is not None:
+            mine.update(user_hash=batch.user_hash, item_hash=batch.item_hash)
+        return self.exchange.gather(mine)
+
+    def step(self, batch: Batch) -> StepResult:
+        batch = batch.to(self.device, non_blocking=True)
+        if self.samples_trained == 0:
+            first = self.exchange.gather({"label": batch.label.cpu().numpy(),
+                                          "finite": np.array([bool(torch.isfinite(batch.dense).all())])})
+            if first["finite"].all() and len(first["label"]):
+                self._warm_start_bias(first["label"])
+        self.model.train()
+        logits = self.forward(batch)
+        loss_sum = self.loss_fn(logits, batch.label)
+        shared = self._shared(batch, logits, loss_sum)
+        total = len(shared["label"])
+        at_ms = int(shared["time"].max())
+        self.prequential.update(shared["score"], shared["label"], at_ms)
+        self.last_published_scores, self.last_published_labels = shared["published"], shared["published_label"]
+        if self.published_model is not None:
+            self.published_prequential.update(shared["published"], shared["published_label"], at_ms)
+        if not np.isfinite(shared["loss"]).all():  # on any rank: every rank skips the batch
             self.non_finite_batches += 1
             return StepResult(float("nan"), trained=False)
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss_sum / total).backward()
+        self.exchange.reduce_grads(self.params, self.tables)
         if self.ewc is not None:
-            self.ewc.observe({n: p.grad for n, p in self.params.items()}, batch_size=len(batch))
+            self.ewc.observe({n: p.grad for n, p in self.params.items()}, batch_size=total)
             self.ewc.add_penalty_grad(self.params)
         for opt in self.optimizers:
             opt.step()
         if self.ema is not None:
-            self.ema.update(self.params, self._touched_rows(batch))
-        self.samples_trained += len(batch)
-        if batch.user_hash is not None and batch.item_hash is not None:
-            self.collisions["user"].update(batch.user_hash)
-            self.collisions["item"].update(batch.item_hash)
-        self.sample_digest = (self.sample_digest + int(batch.sample_hash.sum(dtype=np.uint64))) % 2**64
-        return StepResult(float(loss.detach()), trained=True)
+            # every rank's rows (the same as the batch's when alone)
+            self.ema.update(self.params, self._rows(torch.from_numpy(np.unique(shared["users"])).to(self.device),
+                                                    torch.from_numpy(np.unique(shared["items"])).to(self.device)))
+        self.samples_trained += total
+        if "user_hash" in shared:
+            self.collisions["user"].update(shared["user_hash"])
+            self.collisions["item"].update(shared["item_hash"])
+        self.sample_digest = (self.sample_digest + int(shared["sample_hash"].sum(dtype=np.uint64))) % 2**64
+        return StepResult(float(shared["loss"].sum()) / total, trained=True)
 
     @torch.no_grad()
     def predict(self, batch: Batch) -> np.ndarray:

@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 from core.settings import Settings, TrainerSettings
 from gpu_trainer.base import ModelPointer, Positions, SampleSource, TrainerOutputs
 from gpu_trainer.batch import Batch, Columns
-from gpu_trainer.distributed import Agreed, Ranks, Round, combine
+from gpu_trainer.distributed import Agreed, GradientExchange, Ranks, Round, combine
+from gpu_trainer.exchange import StepExchange
 from gpu_trainer.learner import Learner
 from gpu_trainer.publisher import SnapshotPublisher, restore
 from gpu_trainer.shadow import ShadowLearners
@@ -42,9 +43,12 @@ class RunSummary:
     resumed_from: int | None
 
 
-def make_learner(cfg: TrainerSettings, n_features: int) -> Learner | ShadowLearners:
+def make_learner(cfg: TrainerSettings, n_features: int,
+                 exchange: StepExchange | None = None) -> Learner | ShadowLearners:
     """The configured update rule, or the shadow learners of `trainer.shadow_variants`."""
-    return ShadowLearners(cfg, n_features) if cfg.shadow_variants else Learner(cfg, n_features)
+    if cfg.shadow_variants:
+        return ShadowLearners(cfg, n_features, exchange)
+    return Learner(cfg, n_features, exchange=exchange)
 
 
 class RanksChanged(RuntimeError):
@@ -67,7 +71,9 @@ class TrainerService:
         self.pointer = pointer
         self.store = store
         self.n_features = n_features
-        self.learner = learner or make_learner(cfg, n_features)
+        # ranks exchanging gradients each step on their own samples; else on every rank's (or alone)
+        self.exchange = GradientExchange() if ranks is not None and cfg.rank_exchange == "gradients" else None
+        self.learner = learner or make_learner(cfg, n_features, self.exchange)
         self.metrics = metrics or TrainerMetrics()
         self.publisher = SnapshotPublisher(store, pointer, outputs, cfg.keep_last, self._published)
         self.version = 0
@@ -126,7 +132,7 @@ class TrainerService:
                 skipped.append(f"v{version}: {exc}")
         if skipped:
             if manifest is None:  # the learner may hold part of a damaged snapshot: start it anew
-                self.learner = make_learner(self.cfg, self.n_features)
+                self.learner = make_learner(self.cfg, self.n_features, self.exchange)
             log.warning("%s; skipped: %s", f"resumed from v{self.version}, the newest intact snapshot"
                         if manifest else "no intact snapshot: training starts from scratch", "; ".join(skipped))
         if manifest is not None:
@@ -158,8 +164,8 @@ class TrainerService:
                     last_input = time.monotonic()
                 agreed = self._agree(mine)
                 self._count_dead_letters(agreed.dead_lettered)
-                if len(agreed.batch):
-                    self._train(agreed.batch, own)
+                if agreed.rows:  # every rank steps, on every rank's samples or (exchanging gradients) its own
+                    self._train(mine.batch if self.exchange is not None else agreed.batch, agreed, own)
                 if agreed.offsets:
                     self.positions.update(agreed.offsets)
                     self._dirty = True
@@ -211,7 +217,9 @@ class TrainerService:
         return Round(batch, offsets, rejected, idle_s, stop, self._snapshot_time_due()), good
 
     def _agree(self, mine: Round) -> Agreed:
-        return self.ranks.exchange(mine) if self.ranks is not None else combine([mine])
+        if self.ranks is None:
+            return combine([mine])
+        return self.ranks.exchange(mine.without_samples() if self.exchange is not None else mine)
 
     def _count_dead_letters(self, n: int) -> None:
         if n:
@@ -229,8 +237,9 @@ class TrainerService:
         if new:
             self.outputs.dead_letter(new)
 
-    def _train(self, batch: Batch, own: Columns) -> None:
-        """Learns from `batch`; `own`: the part of it this process polled (all of it, but for ranks)."""
+    def _train(self, batch: Batch, agreed: Agreed, own: Columns) -> None:
+        """Learns from `batch` (all ranks' samples, or this rank's when ranks exchange gradients: then
+        `agreed` counts them all); `own`: what this process polled (all of it, but for ranks)."""
         began = time.monotonic()
         switches = len(self.learner.gate.switches) if isinstance(self.learner, ShadowLearners) else 0
         result = self.learner.step(batch)
@@ -242,14 +251,14 @@ class TrainerService:
         if not result.trained:  # non-finite loss: the batch is not learned from, so it is dead-lettered
             self._write_dead_letters([Reject(f"sample {sid}: non-finite training loss", self.source.topic,
                                              key=sample_key(str(sid))) for sid in own.sample_id])
-            self._count_dead_letters(len(batch))
+            self._count_dead_letters(agreed.rows)
             return
         self.metrics.batch_latency.observe(took)
-        self.metrics.samples.inc(len(batch))
-        self.metrics.samples_per_s.set(len(batch) / max(took, 1e-9))
-        newest = int(batch.event_time_ms.max())
-        self.newest_event_ms = max(self.newest_event_ms or newest, newest)
-        self._since_snapshot += len(batch)
+        self.metrics.samples.inc(agreed.rows)
+        self.metrics.samples_per_s.set(agreed.rows / max(took, 1e-9))
+        if agreed.newest_ms is not None:
+            self.newest_event_ms = max(self.newest_event_ms or agreed.newest_ms, agreed.newest_ms)
+        self._since_snapshot += agreed.rows
 
     def _snapshot_time_due(self) -> bool:
         return time.monotonic() - self._last_snapshot_at >= self.cfg.snapshot_every_s

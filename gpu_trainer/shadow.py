@@ -28,6 +28,7 @@ import numpy as np
 
 from core.settings import TrainerSettings
 from gpu_trainer.batch import Batch
+from gpu_trainer.exchange import StepExchange
 from gpu_trainer.learner import Learner, StepResult
 from gpu_trainer.prequential import Prequential
 
@@ -102,9 +103,10 @@ class ShadowLearners:
     learner: the leader's metrics and published weights, every variant's state in a snapshot
     (`variant/<name>/...` beside the leader's arrays under their usual names, which scorers read)."""
 
-    def __init__(self, cfg: TrainerSettings, n_dense: int) -> None:
+    def __init__(self, cfg: TrainerSettings, n_dense: int, exchange: StepExchange | None = None) -> None:
         self.cfg = cfg
-        self.variants = {name: Learner(variant_settings(cfg, name), n_dense) for name in cfg.shadow_variants}
+        self.variants = {name: Learner(variant_settings(cfg, name), n_dense, exchange=exchange)
+                         for name in cfg.shadow_variants}
         self.gate = ShadowGate(list(self.variants), window=cfg.eval_window, margin=cfg.shadow_margin)
         self.model_name, self.config = self.leader.model_name, self.leader.config
 
@@ -146,9 +148,9 @@ class ShadowLearners:
     def step(self, batch: Batch) -> StepResult:
         results = {name: learner.step(batch) for name, learner in self.variants.items()}
         scores = {name: learner.last_published_scores for name, learner in self.variants.items()}
-        if all(s is not None for s in scores.values()):
-            rows = len(next(iter(scores.values())))  # type: ignore[arg-type]
-            self.gate.update(scores, batch.label[:rows].cpu().numpy().astype(np.float64))  # type: ignore[arg-type]
+        labels = self.leader.last_published_labels  # the same rows for every variant (all ranks' with ranks)
+        if labels is not None and all(s is not None for s in scores.values()):
+            self.gate.update(scores, labels.astype(np.float64))  # type: ignore[arg-type]
         return results[self.gate.leader]
 
     def consolidate(self) -> None:
