@@ -131,9 +131,11 @@ def service_throughput(settings: Settings, n: int) -> None:
     emit("trainer", "service_to_step_ratio", rate / step_rate, "ratio", summary.samples_trained)
 
 
-def ranks_throughput(settings: Settings, n: int, rank_counts: list[int], partitions: int = 6) -> None:
+def ranks_throughput(settings: Settings, n: int, rank_counts: list[int], partitions: int = 6,
+                     exchange: str = "samples") -> None:
     """Samples/s of the service as 1, 2, 3 torchrun ranks from a backlog (gpu_trainer.distributed), from
-    the ranks' start (after torch's import and the rendezvous) to the final snapshot, less the idle exit."""
+    the ranks' start (after torch's import and the rendezvous) to the final snapshot, less the idle exit;
+    the ranks exchanging `exchange` (trainer.rank_exchange)."""
     import os
     import re
     import subprocess
@@ -144,10 +146,12 @@ def ranks_throughput(settings: Settings, n: int, rank_counts: list[int], partiti
 
     idle_s = 2.0
     for ranks in rank_counts:
-        s = isolated(settings, batch_size=4096, snapshot_every_samples=10**9, snapshot_every_s=600.0)
+        s = isolated(settings, batch_size=4096, snapshot_every_samples=10**9, snapshot_every_s=600.0,
+                     rank_exchange=exchange)
         ensure_topics(s.kafka.bootstrap_servers, [s.kafka.topics.samples], partitions)
         produce_samples(s, make_samples(n, seed=9))
-        print(f"ranks {ranks}: training {n} samples from {partitions} partitions", file=sys.stderr, flush=True)
+        print(f"ranks {ranks} ({exchange}): training {n} samples from {partitions} partitions", file=sys.stderr,
+              flush=True)
         env = {**os.environ, **env_of(s), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
         done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                f"--nproc-per-node={ranks}", "-m", "rtrec", "train", "run", "--idle-exit", str(idle_s)],
@@ -160,10 +164,11 @@ def ranks_throughput(settings: Settings, n: int, rank_counts: list[int], partiti
         store = SnapshotStore(s.trainer.snapshot_dir)
         final = store.manifest(store.latest_version())
         took = final.created_at / 1000 - min(starts) - idle_s
-        emit("trainer", f"service_samples_per_s_mf_b4096_ranks{ranks}", final.samples_seen / took, "samples/s",
-             final.samples_seen)
-        emit("trainer", f"ingest_samples_per_s_per_rank_ranks{ranks}", final.samples_seen / took / ranks, "samples/s",
-             final.samples_seen)
+        suffix = "" if exchange == "samples" else f"_{exchange}"
+        emit("trainer", f"service_samples_per_s_mf_b4096_ranks{ranks}{suffix}", final.samples_seen / took,
+             "samples/s", final.samples_seen)
+        emit("trainer", f"ingest_samples_per_s_per_rank_ranks{ranks}{suffix}", final.samples_seen / took / ranks,
+             "samples/s", final.samples_seen)
 
 
 def freshness(settings: Settings, seconds: float, rate: float) -> None:
@@ -233,12 +238,20 @@ def main() -> None:
     parser.add_argument("--step-seconds", type=float, default=2.0, help="time per throughput cell")
     parser.add_argument("--use-running-services", action="store_true",
                         help="use the configured Kafka/Redis instead of starting fresh ones")
+    parser.add_argument("--only", choices=["ranks"], default=None,
+                        help="ranks: only the 1-3 ranks runs, exchanging samples and exchanging gradients")
     args = parser.parse_args()
+    if args.only == "ranks":
+        with services(load_settings(), own=not args.use_running_services) as settings:
+            ranks_throughput(settings, 200_000, [1, 2, 3])
+            ranks_throughput(settings, 200_000, [2, 3], exchange="gradients")
+        return
     throughput(["mf", "deepfm"], [512, 4096, 16384], args.step_seconds)
     shadow_cost([(), ("plain", "ema"), ("plain", "ema", "ewc", "ema+ewc")], 4096, args.step_seconds)
     with services(load_settings(), own=not args.use_running_services) as settings:
         service_throughput(settings, 200_000)
         ranks_throughput(settings, 200_000, [1, 2, 3])
+        ranks_throughput(settings, 200_000, [2, 3], exchange="gradients")
         freshness(settings, args.seconds, args.rate)
 
 

@@ -126,6 +126,19 @@ def test_a_model_reading_recent_items_trains_publishes_and_scores(settings: Sett
     assert [float(printed[i]) for i in ("i1", "i2")] == pytest.approx(served.tolist(), abs=1e-6)
     given = CliRunner().invoke(cli, ["model", "score", "--user", "u1", "--items", "i1", "--recent", ""], env=env_of(s))
     assert given.output.splitlines()[1] == "recent items (given): "
+    # given with their types and ages (read by din), as the samples carry them
+    typed = CliRunner().invoke(cli, ["model", "score", "--user", "u1", "--items", "i1,i2", "--recent", "i4,i2",
+                                     "--recent-types", "order,click", "--recent-ages-ms", "5000,90000"], env=env_of(s))
+    assert typed.exit_code == 0, typed.output
+    printed = dict(line.split("\t") for line in typed.output.splitlines()[2:])
+    expected = current.score_arrays(["u1", "u1"], ["i1", "i2"], feature_matrix(online, "u1", ["i1", "i2"]),
+                                    Recent(["i4", "i2"], ["order", "click"], [5000, 90000]))
+    assert [float(printed[i]) for i in ("i1", "i2")] == pytest.approx(expected.tolist(), abs=1e-6)
+    for wrong, says in ((["--recent-types", "click"], "go with --recent"),
+                        (["--recent", "i4,i2", "--recent-ages-ms", "5000"], "one value per --recent item (2), got 1"),
+                        (["--recent", "i4", "--recent-ages-ms", "soon"], "whole milliseconds")):
+        refused = CliRunner().invoke(cli, ["model", "score", "--user", "u1", "--items", "i1", *wrong], env=env_of(s))
+        assert refused.exit_code == 2 and says in refused.output, refused.output
 
 
 def test_restart_resumes_from_the_snapshot_offsets(settings: Settings, tmp_path: Path) -> None:
