@@ -4,6 +4,7 @@ and the row-sparse bookkeeping see the same inputs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -33,15 +34,17 @@ def taste_stream(n: int, rng: np.random.Generator, offset: int, items: int = 40,
     return Columns.from_records(records, width=2, history_length=recent)
 
 
-def prequential_auc(model: str, history_length: int) -> float:
+def prequential_auc(model: str, history_length: int, stream: Callable[[np.random.Generator, int], Columns],
+                    steps: int = 40, scored_from: int = 25) -> float:
+    """The prequential AUC of `model` over batches `scored_from` to `steps` of 256 samples of `stream`."""
     cfg = TrainerSettings(model=model, history_length=history_length, user_buckets=1 << 16, item_buckets=1024,
                           embedding_dim=8, lr=0.05)
     learner = Learner(cfg, n_dense=2, device=torch.device("cpu"))
     rng = np.random.default_rng(0)
     scores, labels = [], []
-    for k in range(40):
-        batch = taste_stream(256, rng, k * 256).to_batch(cfg.user_buckets, cfg.item_buckets)
-        if k >= 25:
+    for k in range(steps):
+        batch = stream(rng, k * 256).to_batch(cfg.user_buckets, cfg.item_buckets)
+        if k >= scored_from:
             scores.append(learner.predict(batch))
             labels.append(batch.label.numpy())
         learner.step(batch)
@@ -52,7 +55,10 @@ def prequential_auc(model: str, history_length: int) -> float:
 
 @pytest.mark.parametrize("model", ["mf", "deepfm"])
 def test_a_model_reading_recent_items_learns_tastes_a_model_without_them_cannot(model: str) -> None:
-    reading, blind = prequential_auc(model, history_length=5), prequential_auc(model, history_length=0)
+    def tastes(rng: np.random.Generator, offset: int) -> Columns:
+        return taste_stream(256, rng, offset)
+
+    reading, blind = prequential_auc(model, 5, tastes), prequential_auc(model, 0, tastes)
     assert reading > 0.75 and blind < 0.6, (reading, blind)
 
 
@@ -109,20 +115,7 @@ def signal_stream(n: int, rng: np.random.Generator, offset: int, signal: str) ->
 
 
 def signal_auc(model: str, signal: str) -> float:
-    cfg = TrainerSettings(model=model, history_length=5, user_buckets=1 << 16, item_buckets=1024, embedding_dim=8,
-                          lr=0.05)
-    learner = Learner(cfg, n_dense=2, device=torch.device("cpu"))
-    rng = np.random.default_rng(0)
-    scores, labels = [], []
-    for k in range(60):
-        batch = signal_stream(256, rng, k * 256, signal).to_batch(cfg.user_buckets, cfg.item_buckets)
-        if k >= 40:
-            scores.append(learner.predict(batch))
-            labels.append(batch.label.numpy())
-        learner.step(batch)
-    value = auc(np.concatenate(scores), np.concatenate(labels))
-    assert value is not None
-    return value
+    return prequential_auc(model, 5, lambda rng, offset: signal_stream(256, rng, offset, signal), 60, 40)
 
 
 def test_din_finds_the_telling_recent_item_by_its_type_or_age_where_mean_pooling_cannot() -> None:
