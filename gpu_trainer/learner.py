@@ -136,11 +136,12 @@ class Learner:
             with torch.no_grad():
                 published = torch.sigmoid(self.forward(batch.head(rows), self.published_model)).cpu().numpy()
         labels = batch.label.cpu().numpy()
-        touched = self._touched_rows(batch)
         mine = {"score": trained, "label": labels, "time": batch.event_time_ms.numpy(),
-                "users": touched["user.weight"].cpu().numpy(), "items": touched["item.weight"].cpu().numpy(),
                 "published": published.astype(np.float64), "published_label": labels[:rows],
                 "sample_hash": batch.sample_hash, "loss": np.array([float(loss_sum.detach())])}
+        if self.ema is not None and self.exchange.distributed:  # the EMA moves the rows every rank's batch read
+            touched = self._touched_rows(batch)
+            mine.update(users=touched["user.weight"].cpu().numpy(), items=touched["item.weight"].cpu().numpy())
         if batch.user_hash is not None and batch.item_hash is not None:
             mine.update(user_hash=batch.user_hash, item_hash=batch.item_hash)
         return self.exchange.gather(mine)
@@ -175,9 +176,9 @@ class Learner:
         for opt in self.optimizers:
             opt.step()
         if self.ema is not None:
-            # every rank's rows (the same as the batch's when alone)
-            self.ema.update(self.params, self._rows(torch.from_numpy(np.unique(shared["users"])).to(self.device),
-                                                    torch.from_numpy(np.unique(shared["items"])).to(self.device)))
+            self.ema.update(self.params, self._touched_rows(batch) if not self.exchange.distributed else self._rows(
+                torch.from_numpy(np.unique(shared["users"])).to(self.device),
+                torch.from_numpy(np.unique(shared["items"])).to(self.device)))
         self.samples_trained += total
         if "user_hash" in shared:
             self.collisions["user"].update(shared["user_hash"])
