@@ -361,6 +361,11 @@ class FlinkSettings(Section):
     # online store gets the same lists per user (twice history_length kept; cut the same way on reads).
     history_length: int = Field(default=10, ge=0, le=100)
     history_lookback_s: int = Field(default=3600, gt=0)
+    # The job forgets a user's list (and the join's versions of it) after this long without their
+    # events, in processing time; entries older than history_lookback_s are never read anyway. 0: never
+    # (the state grows with every user ever seen). Flink's table.exec.state.ttl: it also bounds how long
+    # an impression may wait in the join for a stalled watermark (an events partition silent this long).
+    state_ttl_s: int = Field(default=86_400, ge=0)
     max_future_skew_ms: int = 3_600_000
     max_event_age_ms: int | None = None  # None: any age (historical replays); else older is malformed
     # Earlier event times are unit errors (seconds taken for milliseconds land in January 1970), not
@@ -392,6 +397,13 @@ class FlinkSettings(Section):
     # recovery, and a write for the same window end replaces the earlier one (newest window wins).
     # read_committed: Redis only ever holds committed windows, one checkpoint interval later.
     loader_isolation: Literal["read_uncommitted", "read_committed"] = "read_uncommitted"
+
+    @model_validator(mode="after")
+    def _lists_outlive_their_lookback(self) -> FlinkSettings:
+        if 0 < self.state_ttl_s < self.history_lookback_s:
+            raise ValueError(f"flink.state_ttl_s ({self.state_ttl_s}) is shorter than flink.history_lookback_s "
+                             f"({self.history_lookback_s}): the job would forget engagements the samples still read")
+        return self
 
 
 class AutoscaleSettings(Section):

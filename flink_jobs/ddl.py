@@ -88,6 +88,7 @@ def events_source_ddl(name: str, topic: str, bootstrap: str, group_id: str, wate
                       time_udf: str, decode_args: str, startup: Mapping[str, str],
                       client: Mapping[str, str] | None = None) -> str:
     """Raw bytes + headers + position; the rowtime is computed in the JVM from the Avro value."""
+    digits = max(2, len(str(watermark_delay_ms // 1000)))  # Flink's default leading precision stops at 99 s
     options = kafka_options(topic, bootstrap, client, **{"format": "raw", "properties.group.id": group_id,
                                                  "properties.isolation.level": "read_committed", **startup})
     return f"""CREATE TEMPORARY TABLE {name} (
@@ -96,7 +97,7 @@ def events_source_ddl(name: str, topic: str, bootstrap: str, group_id: str, wate
   `partition` INT METADATA VIRTUAL,
   `offset` BIGINT METADATA VIRTUAL,
   event_time AS TO_TIMESTAMP_LTZ({time_udf}(`value`, `headers`, {decode_args}), 3),
-  WATERMARK FOR event_time AS event_time - INTERVAL '{watermark_delay_ms / 1000:.3f}' SECOND
+  WATERMARK FOR event_time AS event_time - INTERVAL '{watermark_delay_ms / 1000:.3f}' SECOND({digits})
 ) {with_options(options)}"""
 
 

@@ -42,6 +42,8 @@ def table_environment(settings: Settings, streaming: bool = True) -> TableEnviro
     conf.set("pipeline.auto-watermark-interval", f"{f.watermark_interval_ms} ms")
     conf.set("execution.buffer-timeout.interval", f"{f.buffer_timeout_ms} ms")
     conf.set("pipeline.name", "rtrec-features")
+    # Windows and interval joins free their state by the watermark; this bounds the rest (the lists)
+    conf.set("table.exec.state.ttl", f"{f.state_ttl_s} s" if f.state_ttl_s else "0 ms")
     conf.set("restart-strategy.type", "failure-rate")
     conf.set("restart-strategy.failure-rate.max-failures-per-interval", str(f.max_restarts))
     conf.set("restart-strategy.failure-rate.failure-rate-interval", f"{f.restart_window_s} s")

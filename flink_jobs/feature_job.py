@@ -76,12 +76,14 @@ def build_job(settings: Settings, t_env: TableEnvironment, log_range: LogRange |
 
 
 def add_events_source(settings: Settings, t_env: TableEnvironment, name: str, group_id: str,
-                      log_range: LogRange | None, options: dict[str, str] | None = None) -> None:
-    """The events topic as `<name>_raw` (bytes), `<name>_decoded` and `<name>` (well-formed, not late)."""
+                      log_range: LogRange | None, options: dict[str, str] | None = None,
+                      held_back_ms: int = 0) -> None:
+    """The events topic as `<name>_raw` (bytes), `<name>_decoded` and `<name>` (well-formed, not late),
+    its watermark `held_back_ms` behind the features' (late is judged as by the features)."""
     k, f = settings.kafka, settings.flink
     args = decode_args(settings)
     t_env.execute_sql(events_source_ddl(f"{name}_raw", k.topics.events, k.bootstrap_servers, group_id,
-                                        f.watermark_delay_ms, "RTREC_EVENT_TIME", args,
+                                        f.watermark_delay_ms + held_back_ms, "RTREC_EVENT_TIME", args,
                                         {"properties.max.partition.fetch.bytes": str(f.source_fetch_bytes),
                                          **(connector_options(log_range) if log_range is not None else
                                             {"scan.startup.mode": "group-offsets",
@@ -89,7 +91,7 @@ def add_events_source(settings: Settings, t_env: TableEnvironment, name: str, gr
                                         client=k.security.flink_connector()))
     t_env.create_temporary_view(f"{name}_decoded", t_env.sql_query(
         decoded_view_sql(f"{name}_raw", "RTREC_DECODE_EVENT", args)))
-    t_env.create_temporary_view(name, t_env.sql_query(good_events_sql(f"{name}_decoded", f.window_s)))
+    t_env.create_temporary_view(name, t_env.sql_query(good_events_sql(f"{name}_decoded", f.window_s, held_back_ms)))
 
 
 def add_samples(settings: Settings, t_env: TableEnvironment, statements: StatementSet, exactly_once: bool,
@@ -103,10 +105,16 @@ def add_samples(settings: Settings, t_env: TableEnvironment, statements: Stateme
     idle (a quiet spell longer than flink.idle_timeout_ms), the input without a hold-back ran ahead of the
     others for good and the window dropped their label and feature rows as late (measured:
     tests/flink_jobs/test_quiet_period.py). Without idleness a quiet partition delays the samples (never
-    the features, whose source keeps its idle timeout) and loses nothing."""
+    the features, whose source keeps its idle timeout) and loses nothing.
+
+    Their watermark is held back one base window more than the features'. An event the features count
+    (its window still open) can be up to a window behind their watermark, and the lists' OVER aggregate
+    and the joins drop what is behind theirs (measured: tests/flink_jobs/test_samples.py, an engagement
+    missing from the lists while its window counted it). Held back, everything the features count is
+    ahead of the samples' watermark, and late is judged the same way in both."""
     k, f = settings.kafka, settings.flink
     add_events_source(settings, t_env, "sample_events", f"{f.group_id}-samples", log_range,
-                      {"scan.watermark.idle-timeout": "0 ms"})
+                      {"scan.watermark.idle-timeout": "0 ms"}, held_back_ms=f.window_s * 1000)
     t_env.create_temporary_view("impressions", t_env.sql_query(impressions_sql("sample_events")))
     t_env.create_temporary_view("engagements", t_env.sql_query(engagements_sql("sample_events")))
     t_env.create_java_temporary_system_function("RTREC_RECENT_ENGAGEMENTS", "dev.rtrec.flink.RecentEngagements")

@@ -77,18 +77,20 @@ def decoded_view_sql(source: str, decode_udf: str, decode_args: str) -> str:
 FROM {source}"""
 
 
-def good_events_sql(decoded: str, window_s: int) -> str:
-    """Well-formed events that are not late (their base window has not closed at the watermark)."""
+def good_events_sql(decoded: str, window_s: int, held_back_ms: int = 0) -> str:
+    """Well-formed events that are not late (their base window has not closed at the watermark). A
+    source whose watermark is held back `held_back_ms` more than the features' sees the same events as
+    late: the watermark plus that much."""
     return f"""SELECT ev.event_id AS event_id, ev.user_id AS user_id, ev.item_id AS item_id,
   ev.event_type AS event_type, ev.dwell_ms AS dwell_ms, ev.`position` AS `position`,
   ev.event_time_ms AS event_time_ms, event_time
 FROM {decoded}
-WHERE ev.error IS NULL AND NOT ({_is_late(window_s)})"""
+WHERE ev.error IS NULL AND NOT ({_is_late(window_s, held_back_ms)})"""
 
 
-def _is_late(window_s: int) -> str:
+def _is_late(window_s: int, held_back_ms: int = 0) -> str:
     ms = window_s * 1000
-    window_end = f"TO_TIMESTAMP_LTZ(ev.event_time_ms - MOD(ev.event_time_ms, {ms}) + {ms}, 3)"
+    window_end = f"TO_TIMESTAMP_LTZ(ev.event_time_ms - MOD(ev.event_time_ms, {ms}) + {ms - held_back_ms}, 3)"
     watermark = "CURRENT_WATERMARK(event_time)"
     return f"{watermark} IS NOT NULL AND {window_end} <= {watermark}"
 

@@ -32,8 +32,11 @@ _EVENTS_IN = re.compile(r"^Source__events_raw\[\d+\]\.numRecordsOut$")
 _FEATURES_OUT = re.compile(r"^features_sink\[\d+\]__Writer\.numRecordsSend$")
 _DEAD_LETTERS_OUT = re.compile(r"^dead_letter_sink\[\d+\]__Writer\.numRecordsSend$")
 _EVENT_TIME_LAG = re.compile(r"^Source__events_raw\[\d+\]\.currentEmitEventTimeLag$")
+# Every operator that drops records behind its watermark (over aggregates, windows) counts them here
+_LATE_DROPPED = re.compile(r"\.numLateRecordsDropped$")
 _FIGURES = (("events_in", _EVENTS_IN, "sum"), ("features_out", _FEATURES_OUT, "sum"),
-            ("dead_letters_out", _DEAD_LETTERS_OUT, "sum"), ("event_time_lag_ms", _EVENT_TIME_LAG, "max"))
+            ("dead_letters_out", _DEAD_LETTERS_OUT, "sum"), ("event_time_lag_ms", _EVENT_TIME_LAG, "max"),
+            ("late_dropped", _LATE_DROPPED, "sum"))
 
 # The first words of the job's dead-letter reasons (the JVM decoder's and the late filter's)
 _REASON_KINDS = (("late:", "late"), ("undecodable", "undecodable"), ("missing rtrec-schema", "no_schema_header"),
@@ -103,6 +106,9 @@ class JobHealth:
     features_out: int | None
     dead_letters_out: int | None
     event_time_lag_ms: int | None  # wall clock minus the event time of the events the source emits now
+    # Records an operator dropped behind its watermark, summed over operators: 0 is what the job is built
+    # for (late events are dead-lettered before any operator sees them); more is data lost uncounted
+    late_dropped: int | None = None
     # A Kafka ACL the job lacks, found in any failure of its history: after an authorization error the
     # newest failure is often what followed it (tasks that did not cancel, a task manager shut down)
     missing_acl: str | None = None
@@ -118,7 +124,7 @@ class FlinkRest:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.kafka = kafka  # given: each failure is searched for the Kafka ACL it names
-        self._metric_ids: dict[str, dict[str, str]] = {}  # job id -> figure -> "vertex id/metric id"
+        self._metric_ids: dict[str, dict[str, set[str]]] = {}  # job id -> figure -> {"vertex id/metric id"}
 
     def get(self, path: str) -> Any:
         with urllib.request.urlopen(self.url + path, timeout=self.timeout_s) as response:
@@ -145,27 +151,32 @@ class FlinkRest:
             last_checkpoint_id=completed.get("id"),
             last_checkpoint_age_s=round(time.time() - acked / 1000, 1) if acked else None,
             events_in=figures.get("events_in"), features_out=figures.get("features_out"),
-            dead_letters_out=figures.get("dead_letters_out"), event_time_lag_ms=figures.get("event_time_lag_ms"))
+            dead_letters_out=figures.get("dead_letters_out"), event_time_lag_ms=figures.get("event_time_lag_ms"),
+            late_dropped=figures.get("late_dropped"))
 
     def restarts(self, job_id: str) -> int:
         """One cheap call: the job's restart count as Flink's metric fetcher last saw it."""
         return int(_metric_value(self.get(f"/jobs/{job_id}/metrics?get=numRestarts"), "numRestarts") or 0)
 
     def _figures(self, job_id: str, vertices: list[str]) -> dict[str, int]:
-        found = self._metric_ids.setdefault(job_id, {})
+        """Each figure aggregated (sum or max) over its metric in every subtask, then summed over the
+        operators that have one."""
+        found = self._metric_ids.get(job_id, {})
         if len(found) < len(_FIGURES):
+            found = {}
             for vertex in vertices:
                 for m in self.get(f"/jobs/{job_id}/vertices/{vertex}/subtasks/metrics"):
                     for figure, pattern, _agg in _FIGURES:
-                        if pattern.match(m["id"]):
-                            found[figure] = f"{vertex}/{m['id']}"
+                        if pattern.search(m["id"]):
+                            found.setdefault(figure, set()).add(f"{vertex}/{m['id']}")
+            self._metric_ids[job_id] = found
         out = {}
         for figure, _pattern, agg in _FIGURES:
-            if figure in found:
-                vertex, metric = found[figure].split("/", 1)
+            for vertex_metric in sorted(found.get(figure, ())):
+                vertex, metric = vertex_metric.split("/", 1)
                 got = self.get(f"/jobs/{job_id}/vertices/{vertex}/subtasks/metrics?get={metric}&agg={agg}")
                 if got and agg in got[0]:
-                    out[figure] = int(float(got[0][agg]))
+                    out[figure] = out.get(figure, 0) + int(float(got[0][agg]))
         return out
 
 

@@ -26,6 +26,9 @@ class JobMetrics:
         self.event_time_lag = Gauge("rtrec_job_event_time_lag_seconds",
                                     "Wall clock minus the event time of the events the job reads now (freshness)",
                                     registry=r)
+        self.late_dropped = Gauge("rtrec_job_late_dropped",
+                                  "Records the job's operators dropped behind their watermark (since its last restart)",
+                                  registry=r)
         self.lag = Gauge("rtrec_job_consumer_lag", "Events not yet consumed by the job (committed at checkpoints)",
                          registry=r)
         self.checkpoint_age = Gauge("rtrec_job_last_checkpoint_age_seconds", "Age of the last completed checkpoint",
@@ -45,6 +48,8 @@ class JobMetrics:
             self.features_out.set(health.features_out)
         if health.event_time_lag_ms is not None:
             self.event_time_lag.set(health.event_time_lag_ms / 1000)
+        if health.late_dropped is not None:
+            self.late_dropped.set(health.late_dropped)
         if health.last_checkpoint_age_s is not None:
             self.checkpoint_age.set(health.last_checkpoint_age_s)
         if lag is not None:

@@ -38,6 +38,7 @@ class JobWatch:
         self._next_poll = 0.0
         self._dir_problem: str | None = None
         self._state = ""
+        self._late_dropped = 0
 
     def tick(self) -> str:
         """The job's state now (GONE once the mini-cluster has shut down with it); a restart is
@@ -73,6 +74,11 @@ class JobWatch:
         except Exception:  # Kafka unreachable right now: the lag gauge keeps its last value
             lag = None
         self.metrics.update(health, lag)
+        if health.late_dropped and health.late_dropped > self._late_dropped:
+            self.say(f"feature job: {health.late_dropped} records dropped behind an operator's watermark since its "
+                     "last restart (rtrec_job_late_dropped); late events are meant to reach the dead-letter topic "
+                     "before any operator")
+        self._late_dropped = health.late_dropped or 0
         restarts = max(health.restarts, self.restarts + (1 if restarted else 0))
         if restarts > self.restarts:
             self.restarts = restarts

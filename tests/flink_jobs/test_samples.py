@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from core.settings import Settings
 from feature_store.loader import LoaderConfig, run_loader
 from feature_store.redis_store import RedisFeatureStore
+from flink_jobs.monitor import FlinkRest, mini_cluster_rest_url
 from schemas.feature_set import FEATURE_NAMES
 from tests.flink_jobs.harness import T, create_topics, event, job_settings, produce, running_job, wait_for
 
@@ -59,6 +62,62 @@ def test_labels_and_point_in_time_features(settings: Settings) -> None:
     assert samples["a3"]["label"] == 0
     a3 = dict(zip(FEATURE_NAMES, samples["a3"]["features"], strict=True))
     assert a3["user.60s.impressions"] == 1 and a3["user.60s.clicks"] == 1  # window ending T+3000
+
+
+def test_an_engagement_behind_the_watermark_in_an_open_window_reaches_windows_and_lists(settings: Settings) -> None:
+    """A click 2.5 s behind the newest event is behind the watermark (2 s delay) but its 3 s window is
+    still open: the window features count it, so the user's list and the samples must have it too, and
+    no operator may drop it uncounted."""
+    s = job_settings(settings, horizons_s=None, attribution_window_s=5, history_length=3, history_lookback_s=10)
+    create_topics(s)
+    with running_job(s) as client:
+        produce(s, [event("e1", "click", "u1", "i1", 5000), event("x", "impression", "u2", "i2", 9000)])
+        time.sleep(2.0)  # the watermark (9000 - 2000) reaches every operator before the late click arrives
+        produce(s, [event("late", "click", "u1", "i7", 6500), event("imp", "impression", "u1", "i9", 9500),
+                    event("flush", "impression", "u9", "i9", 120_000)])
+        got = wait_for(s, s.kafka.topics.samples, "TrainingSample",
+                       lambda got: {"x", "imp"} <= {r["sample_id"] for r in got.records})
+        features = wait_for(s, s.kafka.topics.features, "FeatureRecord",
+                            lambda got: any(r["entity_id"] == "u1" and r["window_end"] == T + 9000
+                                            and r["horizon_s"] == 3 for r in got.records))
+        rest_url = mini_cluster_rest_url(client)
+        assert rest_url is not None
+        rest = FlinkRest(rest_url)
+        deadline = time.monotonic() + 30
+        while (health := rest.health(str(client.get_job_id()))).late_dropped is None \
+                and time.monotonic() < deadline:
+            time.sleep(1.0)  # the operators' metrics appear once Flink's metric fetcher has seen them
+    u1 = next(r for r in features.records if r["entity_id"] == "u1" and r["window_end"] == T + 9000
+              and r["horizon_s"] == 3)
+    assert u1["clicks"] == 1  # the late click, in the window [6000, 9000)
+    imp = next(r for r in got.records if r["sample_id"] == "imp")
+    assert list(zip(imp["recent_items"], imp["recent_types"], imp["recent_ages_ms"], strict=True)) == [
+        ("i7", "click", 3000), ("i1", "click", 4500)]
+    assert health.late_dropped == 0
+
+
+def test_a_users_list_is_forgotten_after_the_state_ttl_without_their_events(settings: Settings) -> None:
+    """flink.state_ttl_s reaches the lists' state: u1's click is 7 s of event time before their
+    impression (inside the 10 s lookback) but 18 s of processing time, past the 10 s TTL (Flink frees
+    such state between 1 and 1.5 TTLs). u2, whose click came after the pause, keeps theirs."""
+    s = job_settings(settings, horizons_s=None, attribution_window_s=5, history_length=3, history_lookback_s=10,
+                     state_ttl_s=10)
+    create_topics(s)
+    with running_job(s):
+        # 7000 - 2000 - 3000: the samples' watermark passes u1's click, so its list version is in state
+        produce(s, [event("c1", "click", "u1", "i1", 1000), event("x", "impression", "u3", "i3", 7000)])
+        # the job has read them once c1's window is out (the pause must be in the job's processing time)
+        wait_for(s, s.kafka.topics.features, "FeatureRecord", lambda got: any(
+            r["entity_id"] == "u1" for r in got.records), isolation_level="read_uncommitted")
+        time.sleep(18.0)
+        produce(s, [event("c2", "click", "u2", "i2", 5500), event("imp1", "impression", "u1", "i9", 8000),
+                    event("imp2", "impression", "u2", "i9", 8000),
+                    event("flush", "impression", "u9", "i9", 120_000)])
+        got = wait_for(s, s.kafka.topics.samples, "TrainingSample",
+                       lambda got: {"imp1", "imp2"} <= {r["sample_id"] for r in got.records})
+    samples = {r["sample_id"]: r for r in got.records}
+    assert samples["imp2"]["recent_items"] == ["i2"] and samples["imp2"]["recent_ages_ms"] == [2500]
+    assert samples["imp1"]["recent_items"] == []
 
 
 def check_recent_lists(s: Settings, records: list[dict]) -> None:

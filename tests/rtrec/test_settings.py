@@ -32,3 +32,12 @@ def test_unknown_keys_and_mutation_are_refused(tmp_path: Path) -> None:
         Settings().redis.ttl_s = 3  # type: ignore[misc]
     with pytest.raises(FileNotFoundError):
         load_settings(tmp_path / "missing.toml")
+
+
+def test_a_state_ttl_shorter_than_the_lookback_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RTREC_FLINK__HISTORY_LOOKBACK_S", "600")
+    monkeypatch.setenv("RTREC_FLINK__STATE_TTL_S", "300")
+    with pytest.raises(ValidationError, match="state_ttl_s .300. is shorter than flink.history_lookback_s"):
+        load_settings(None)
+    monkeypatch.setenv("RTREC_FLINK__STATE_TTL_S", "0")  # never forget: allowed
+    assert load_settings(None).flink.state_ttl_s == 0
