@@ -67,16 +67,18 @@ def test_labels_and_point_in_time_features(settings: Settings) -> None:
 def test_an_engagement_behind_the_watermark_in_an_open_window_reaches_windows_and_lists(settings: Settings) -> None:
     """A click 2.5 s behind the newest event is behind the watermark (2 s delay) but its 3 s window is
     still open: the window features count it, so the user's list and the samples must have it too, and
-    no operator may drop it uncounted."""
+    no operator may drop it uncounted. An impression as late gets its sample, with the list as of its
+    own time (the temporal join's late side)."""
     s = job_settings(settings, horizons_s=None, attribution_window_s=5, history_length=3, history_lookback_s=10)
     create_topics(s)
     with running_job(s) as client:
         produce(s, [event("e1", "click", "u1", "i1", 5000), event("x", "impression", "u2", "i2", 9000)])
         time.sleep(2.0)  # the watermark (9000 - 2000) reaches every operator before the late click arrives
-        produce(s, [event("late", "click", "u1", "i7", 6500), event("imp", "impression", "u1", "i9", 9500),
+        produce(s, [event("late", "click", "u1", "i7", 6500), event("late_imp", "impression", "u1", "i8", 7000),
+                    event("after", "click", "u1", "i6", 7500), event("imp", "impression", "u1", "i9", 9500),
                     event("flush", "impression", "u9", "i9", 120_000)])
         got = wait_for(s, s.kafka.topics.samples, "TrainingSample",
-                       lambda got: {"x", "imp"} <= {r["sample_id"] for r in got.records})
+                       lambda got: {"x", "late_imp", "imp"} <= {r["sample_id"] for r in got.records})
         features = wait_for(s, s.kafka.topics.features, "FeatureRecord",
                             lambda got: any(r["entity_id"] == "u1" and r["window_end"] == T + 9000
                                             and r["horizon_s"] == 3 for r in got.records))
@@ -89,10 +91,15 @@ def test_an_engagement_behind_the_watermark_in_an_open_window_reaches_windows_an
             time.sleep(1.0)  # the operators' metrics appear once Flink's metric fetcher has seen them
     u1 = next(r for r in features.records if r["entity_id"] == "u1" and r["window_end"] == T + 9000
               and r["horizon_s"] == 3)
-    assert u1["clicks"] == 1  # the late click, in the window [6000, 9000)
-    imp = next(r for r in got.records if r["sample_id"] == "imp")
-    assert list(zip(imp["recent_items"], imp["recent_types"], imp["recent_ages_ms"], strict=True)) == [
-        ("i7", "click", 3000), ("i1", "click", 4500)]
+    assert (u1["clicks"], u1["impressions"]) == (2, 1)  # late click and impression, then after, in [6000, 9000)
+    samples = {r["sample_id"]: r for r in got.records}
+    def history(sample_id: str) -> list[tuple[str, str, int]]:
+        r = samples[sample_id]
+        return list(zip(r["recent_items"], r["recent_types"], r["recent_ages_ms"], strict=True))
+    assert history("imp") == [("i6", "click", 2000), ("i7", "click", 3000), ("i1", "click", 4500)]
+    # the late impression looks its list up as of its own time: the click before it, not one after
+    assert history("late_imp") == [("i7", "click", 500), ("i1", "click", 2000)]
+    assert len(got.records) == len(samples) == 3
     assert health.late_dropped == 0
 
 
