@@ -183,12 +183,26 @@ def group_lag(bootstrap: str, group_id: str, topic: str, timeout_s: float = 10.0
     has none) and the partition's end; read without joining the group."""
     consumer = Consumer(consumer_config(bootstrap, group_id, **(security or {})))
     try:
-        partitions = sorted(consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions)
-        committed = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout_s)
         lag = {}
-        for tp in committed:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=timeout_s)
-            lag[tp.partition] = high - (tp.offset if tp.offset >= 0 else low)
+        for partition, offset in _committed(consumer, topic, timeout_s).items():
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)
+            lag[partition] = high - (offset if offset >= 0 else low)
         return lag
     finally:
         consumer.close()
+
+
+def committed_offsets(bootstrap: str, group_id: str, topic: str, timeout_s: float = 10.0,
+                      security: Mapping[str, str] | None = None) -> dict[int, int]:
+    """Per partition, the group's committed offset (-1 where it has none); read without joining the group."""
+    consumer = Consumer(consumer_config(bootstrap, group_id, **(security or {})))
+    try:
+        return _committed(consumer, topic, timeout_s)
+    finally:
+        consumer.close()
+
+
+def _committed(consumer: Consumer, topic: str, timeout_s: float) -> dict[int, int]:
+    partitions = sorted(consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions)
+    found = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout_s)
+    return {tp.partition: tp.offset for tp in found}

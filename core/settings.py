@@ -348,6 +348,8 @@ class FlinkSettings(Section):
     watermark_interval_ms: int = 50
     buffer_timeout_ms: int = 20
     checkpoint_interval_ms: int = 5_000
+    # How often a bounded run (backfill, evaluate) says how far its sources have read (as committed on checkpoints)
+    progress_every_s: float = Field(default=15.0, gt=0)
     checkpoint_failures_tolerated: int = 2  # consecutive; one more fails the job (then restarts count)
     # More than max_restarts failures within restart_window_s: the job ends FAILED and `features run`
     # exits 1 with the root cause, for a supervisor to act on (the default would retry forever, silently).

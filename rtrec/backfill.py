@@ -14,20 +14,17 @@ optionally, the trainer, without disturbing newer live state.
 
 from __future__ import annotations
 
-import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-
-from tqdm import tqdm
 
 from core.kafka import ensure_topics
 from core.log_range import AtOffsets, AtTime, Latest, LogRange, Position
 from core.settings import Settings
 from feature_store.loader import LoaderConfig, LoaderStats, run_loader
 from feature_store.redis_store import RedisFeatureStore
+from rtrec.job_progress import wait_reporting_reads
 
 
 @dataclass
@@ -100,7 +97,7 @@ def run_backfill(settings: Settings, log_range: LogRange, with_samples: bool = T
     job = start_job(s, resume=False, log_range=log_range, job_id=run_id, with_samples=with_samples)
     say(f"[backfill] job {job.get_job_client().get_job_id()} over {log_range}; features -> {k.topics.features}"
         + (f", samples -> {k.topics.samples}" if with_samples else ""))
-    _wait(job, s)
+    _wait(job, s, offsets, with_samples, say)
     # read_committed: a bounded job's transactions all commit, and the loader waits for them
     loaded = run_loader(LoaderConfig.from_settings(s, isolation_level="read_committed"),
                         RedisFeatureStore.from_settings(s.redis), idle_exit_s=3.0)
@@ -120,21 +117,9 @@ def run_backfill(settings: Settings, log_range: LogRange, with_samples: bool = T
     return result
 
 
-def _wait(job: object, s: Settings) -> None:
-    outcome: list[BaseException | None] = []
-
-    def wait() -> None:
-        try:
-            job.wait()  # type: ignore[attr-defined]
-            outcome.append(None)
-        except BaseException as exc:  # surfaced below with the log location
-            outcome.append(exc)
-
-    waiter = threading.Thread(target=wait, daemon=True)
-    waiter.start()
-    with tqdm(desc="backfill job running", unit="s", file=sys.stderr) as bar:
-        while waiter.is_alive():
-            waiter.join(1.0)
-            bar.update(1)
-    if outcome and outcome[0] is not None:
-        raise BackfillError(f"backfill job failed: {outcome[0]}; see {s.flink.log_dir}")
+def _wait(job: object, s: Settings, offsets: Mapping[int, tuple[int, int]], with_samples: bool,
+          say: Callable[[str], None]) -> None:
+    try:
+        wait_reporting_reads(job, s, offsets, say, "backfill", with_samples)
+    except Exception as exc:  # the job's failure, with where its log is
+        raise BackfillError(f"backfill job failed: {exc}; see {s.flink.log_dir}") from exc

@@ -31,6 +31,8 @@ from gpu_trainer.batch import Columns
 from gpu_trainer.learner import Learner
 from gpu_trainer.prequential import auc, logloss
 from gpu_trainer.shadow import ShadowGate
+from rtrec.backfill import range_offsets
+from rtrec.job_progress import wait_reporting_reads
 from rtrec.sources.produce import produce_replay, produce_synthetic
 from rtrec.sources.replay import ColumnMapping
 from schemas.kafka_io import read_topic
@@ -93,8 +95,9 @@ def _through_pipeline(settings: Settings, produce: Callable[[Settings], None],
                   security=s.kafka.security.librdkafka(), per_topic=s.kafka.partitions_of())
     produce(s)
     say("[evaluate] running the feature job over them")
-    start_job(s, resume=False, log_range=LogRange(),
-              job_id=run).wait()
+    offsets = range_offsets(s.kafka.bootstrap_servers, topics.events, LogRange(),
+                            security=s.kafka.security.librdkafka())
+    wait_reporting_reads(start_job(s, resume=False, log_range=LogRange(), job_id=run), s, offsets, say, "evaluate")
     samples = read_topic(s.kafka.bootstrap_servers, topics.samples, "TrainingSample", timeout_s=120,
                          security=s.kafka.security.librdkafka()).records
     samples.sort(key=lambda r: (r["event_time"], r["sample_id"]))

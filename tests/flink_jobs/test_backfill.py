@@ -45,8 +45,11 @@ def test_backfill_time_range(settings: Settings) -> None:
     store.write_batch([newer])
 
     result = CliRunner().invoke(cli, ["features", "backfill", "--from", str(T), "--to", str(T + 60_000),
-                                      "--no-samples"], env=_env(s))
+                                      "--no-samples"], env={**_env(s), "RTREC_FLINK__PROGRESS_EVERY_S": "1"})
     assert result.exit_code == 0, result.output
+    # while the job runs, how far it has read: of the range's 12 records, never more
+    progress = [int(n) for n in re.findall(r"job running for \d+ s: (\d+) of 12 events read", result.output)]
+    assert progress and max(progress) <= 12, result.output
     topic = re.search(r"features topic (\S+?)[;,\s]", result.output + " ")
     assert topic and topic.group(1).startswith(s.kafka.topics.features + ".backfill-"), result.output
 
