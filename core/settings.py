@@ -400,6 +400,11 @@ class FlinkSettings(Section):
     # read_committed: Redis only ever holds committed windows, one checkpoint interval later.
     loader_isolation: Literal["read_uncommitted", "read_committed"] = "read_uncommitted"
 
+    @property
+    def samples_group_id(self) -> str:
+        """The consumer group of the job's second source, the samples' (flink_jobs/feature_job.py)."""
+        return f"{self.group_id}-samples"
+
     @model_validator(mode="after")
     def _lists_outlive_their_lookback(self) -> FlinkSettings:
         if 0 < self.state_ttl_s < self.history_lookback_s:

@@ -113,7 +113,7 @@ def add_samples(settings: Settings, t_env: TableEnvironment, statements: Stateme
     missing from the lists while its window counted it). Held back, everything the features count is
     ahead of the samples' watermark, and late is judged the same way in both."""
     k, f = settings.kafka, settings.flink
-    add_events_source(settings, t_env, "sample_events", f"{f.group_id}-samples", log_range,
+    add_events_source(settings, t_env, "sample_events", f.samples_group_id, log_range,
                       {"scan.watermark.idle-timeout": "0 ms"}, held_back_ms=f.window_s * 1000)
     t_env.create_temporary_view("impressions", t_env.sql_query(impressions_sql("sample_events")))
     t_env.create_temporary_view("engagements", t_env.sql_query(engagements_sql("sample_events")))

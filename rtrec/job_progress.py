@@ -18,8 +18,8 @@ from core.settings import Settings
 
 def source_groups(settings: Settings, with_samples: bool = True) -> list[str]:
     """The consumer groups the job's sources commit to."""
-    group = settings.flink.group_id
-    return [group, f"{group}-samples"] if with_samples else [group]
+    f = settings.flink
+    return [f.group_id, f.samples_group_id] if with_samples else [f.group_id]
 
 
 def records_read(committed: Mapping[int, int], offsets: Mapping[int, tuple[int, int]]) -> int:
