@@ -30,6 +30,17 @@ def history_fields(trainer: TrainerSettings) -> tuple[str, ...]:
     return HISTORY_SOURCES if trainer.model == "din" else HISTORY_SOURCES[:1]
 
 
+def fetch_properties(trainer: TrainerSettings) -> dict[str, int]:
+    """The samples consumer's read-ahead, from the trainer's settings.
+
+    >>> fetch_properties(TrainerSettings(prefetch_messages=5000))["queued.min.messages"]
+    5000
+    """
+    return {"max.partition.fetch.bytes": trainer.fetch_partition_max_bytes,
+            "fetch.max.bytes": max(trainer.fetch_partition_max_bytes, 50 << 20),
+            "queued.min.messages": trainer.prefetch_messages}
+
+
 class KafkaSampleSource:
     """Consumes TrainingSamples as group `group_id`; every assigned partition starts at the offset
     given to `start` (the loaded snapshot's), or at the beginning when it has none, so a restart
@@ -40,7 +51,9 @@ class KafkaSampleSource:
     def __init__(self, bootstrap: str, topic: str, group_id: str, instance_id: str | None = None,
                  session_timeout_ms: int = 10_000, security: Mapping[str, str] | None = None,
                  ranks: Ranks | None = None, n_features: int = len(FEATURE_NAMES),
-                 history_fields: tuple[str, ...] = HISTORY_SOURCES) -> None:
+                 history_fields: tuple[str, ...] = HISTORY_SOURCES,
+                 fetch: Mapping[str, int] | None = None) -> None:
+        """`fetch`: librdkafka properties for reading ahead (`fetch_properties`)."""
         self.topic = topic
         # decoded in bulk: per-record decoding in Python capped the service at about 30k samples/s
         # only what the columns hold: each string kept costs a Python object per record
@@ -51,6 +64,7 @@ class KafkaSampleSource:
         self.assigned: set[int] = set()
         self._consumer = AvroConsumer(bootstrap, group_id, None, "TrainingSample", keep_rejected_values=True,
                                       **{"fetch.min.bytes": 1, "session.timeout.ms": session_timeout_ms,
+                                         **(fetch or {}),
                                          **({"group.instance.id": instance_id} if instance_id else {}),
                                          **(security or {})})
 
@@ -59,7 +73,7 @@ class KafkaSampleSource:
                       ranks: Ranks | None = None) -> KafkaSampleSource:
         return cls(kafka.bootstrap_servers, kafka.topics.samples, trainer.group_id, trainer.instance_id,
                    trainer.session_timeout_ms, kafka.security.librdkafka(), ranks,
-                   history_fields=history_fields(trainer))
+                   history_fields=history_fields(trainer), fetch=fetch_properties(trainer))
 
     def start(self, positions: Mapping[tuple[str, int], int]) -> None:
         self.start_offsets = dict(positions)

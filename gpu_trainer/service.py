@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from core.settings import Settings, TrainerSettings
 from gpu_trainer.base import ModelPointer, Positions, SampleSource, TrainerOutputs
 from gpu_trainer.batch import Batch, Columns
@@ -49,6 +51,25 @@ def make_learner(cfg: TrainerSettings, n_features: int,
     if cfg.shadow_variants:
         return ShadowLearners(cfg, n_features, exchange)
     return Learner(cfg, n_features, exchange=exchange)
+
+
+def copied(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A copy of each array for the publisher thread while training goes on; names viewing the same
+    memory (trained and published weights without EMA) share one copy.
+
+    >>> a = np.zeros(3)
+    >>> out = copied({"x": a, "y": a, "z": a[:2]})
+    >>> out["x"] is out["y"], out["x"] is a, out["z"].shape
+    (True, False, (2,))
+    """
+    seen: dict[tuple[int, tuple[int, ...], tuple[int, ...], str], np.ndarray] = {}
+    out = {}
+    for name, array in arrays.items():
+        key = (array.__array_interface__["data"][0], array.shape, array.strides, array.dtype.str)
+        if key not in seen:
+            seen[key] = array.copy()
+        out[name] = seen[key]
+    return out
 
 
 class RanksChanged(RuntimeError):
@@ -193,10 +214,11 @@ class TrainerService:
     def _poll(self, max_records: int, stop: bool, last_input: float) -> tuple[Round, Columns]:
         """This process's part of a round: what it polled (nothing once it is to stop), checked, its
         rejects dead-lettered; and its good samples as columns."""
-        good = Columns.from_records([], width=self.n_features, history_length=self.cfg.history_length)
         offsets: Positions = {}
         rejected = 0
-        if not stop:
+        if stop:
+            good = Columns.from_records([], width=self.n_features, history_length=self.cfg.history_length)
+        else:
             polled = self.source.poll(max_records, self.cfg.batch_timeout_ms / 1000.0)
             history = self.cfg.history_length
             columns = (Columns.from_decoded(polled.columns, self.n_features, history) if polled.columns is not None
@@ -330,7 +352,7 @@ class TrainerService:
             newest_event_ms=self.newest_event_ms, promoted=promoted,
             variant=self.learner.gate.leader if isinstance(self.learner, ShadowLearners) else None,
         )
-        arrays = {k: v.copy() for k, v in self.learner.state_arrays().items()}
+        arrays = copied(self.learner.state_arrays())
         self.publisher.begin(manifest, arrays)
         return manifest
 

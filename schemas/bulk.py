@@ -24,8 +24,10 @@ rows and reasons, is the same as decoding each record alone.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -106,8 +108,10 @@ class BulkDecoder:
         (default: its first fast-decoded row's item count)."""
         n = len(values)
         widths = dict(widths or {})
-        fast = np.fromiter((v is not None and h == self.header_value for v, h in zip(values, headers, strict=True)),
-                           dtype=bool, count=n)
+        if len(headers) != n:
+            raise ValueError(f"{n} values and {len(headers)} headers")
+        fast = (np.fromiter(map(operator.eq, headers, repeat(self.header_value)), dtype=bool, count=n)
+                & np.fromiter(map(operator.is_not, values, repeat(None)), dtype=bool, count=n))
         fast_rows = np.flatnonzero(fast)
         parsed = _parse(self.fields, [values[i] for i in fast_rows], widths, self.keep)  # type: ignore[misc]
         ok_rows = fast_rows[parsed.ok]
@@ -204,14 +208,14 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
     """Every record of `values` field by field; `ok` is False for a record that does not parse exactly.
     Only the fields in `keep` get columns."""
     n = len(values)
-    sizes = np.fromiter((len(v) for v in values), dtype=np.int64, count=n)
+    sizes = np.fromiter(map(len, values), dtype=np.int64, count=n)
     ends = np.cumsum(sizes)
     pos = ends - sizes
     raw = b"".join(values)
     last = len(raw)
     text = raw.decode("latin-1")
-    high = np.zeros(last + 1, dtype=np.int64)  # bytes above 0x7F before each offset
-    np.cumsum(np.frombuffer(raw, dtype=np.uint8) > 0x7F, out=high[1:])
+    high = np.zeros(last + 1, dtype=np.int32)  # bytes above 0x7F before each offset
+    np.cumsum(np.frombuffer(raw, dtype=np.uint8) > 0x7F, out=high[1:], dtype=np.int32)
     buf = np.frombuffer(raw + bytes(_MAX_VARINT + 8), dtype=np.uint8)  # reads just past the end are safe
     ok = np.ones(n, dtype=bool)
     every = np.ones(n, dtype=bool)

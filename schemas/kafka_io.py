@@ -16,7 +16,16 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from core.kafka import consumer_config, poll_messages
 from schemas.bulk import BulkDecoded, BulkDecoder
 from schemas.dead_letter import Reject
-from schemas.serde import Deserializer, Record, SerdeError, Serializer, deserializer, header_of, serializer
+from schemas.serde import (
+    Deserializer,
+    Record,
+    SerdeError,
+    Serializer,
+    deserializer,
+    header_of,
+    header_values,
+    serializer,
+)
 
 
 @dataclass
@@ -120,11 +129,12 @@ class AvroConsumer:
                      timeout_s: float = 1.0, fill: bool = False) -> ConsumedBatch:
         """As `poll_batch`, decoded in bulk (schemas.bulk): the records come back as columns."""
         messages = poll_messages(self._consumer, max_records, timeout_s, fill=fill)
-        batch = ConsumedBatch([], [], {})
-        for msg in messages:
-            batch.offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
+        # the last message of each partition gives its next offset: one dict entry per partition
+        last = {(msg.topic(), msg.partition()): msg for msg in messages}
+        batch = ConsumedBatch([], [], {key: msg.offset() + 1 for key, msg in last.items()})
         values = [msg.value() for msg in messages]
-        batch.columns = decoder.decode(values, [header_of(msg.headers()) for msg in messages], widths)
+        headers = header_values([msg.headers() for msg in messages], decoder.header_value)
+        batch.columns = decoder.decode(values, headers, widths)
         for i, reason in batch.columns.rejected:
             msg = messages[i]
             batch.rejected.append(Reject(reason, msg.topic(), msg.partition(), msg.offset(),

@@ -49,6 +49,17 @@ def header_of(headers: Headers) -> bytes | None:
     return None
 
 
+def header_values(headers: Sequence[Headers], expected: bytes) -> list[bytes | None]:
+    """`header_of` of many messages' headers; those that are exactly the schema header with the
+    `expected` value (what this project's producers write) are recognised by one comparison.
+
+    >>> header_values([[(SCHEMA_HEADER, b"A")], [("other", b"x"), (SCHEMA_HEADER, b"B")], None], b"A")
+    [b'A', b'B', None]
+    """
+    usual = [(SCHEMA_HEADER, expected)]
+    return [expected if h == usual else header_of(h) for h in headers]
+
+
 class Serializer:
     """Encodes records of one schema; `header_value` goes into the Kafka header."""
 
