@@ -118,12 +118,13 @@ def service_throughput(settings: Settings, n: int, repeats: int = 1) -> None:
     rates = []
     for run in range(repeats):
         print(f"service run {run + 1} of {repeats} over {n} samples", file=sys.stderr)
-        trainer = s.trainer.model_copy(update={"group_id": f"{s.trainer.group_id}-{run}",
-                                               "snapshot_dir": Path(tempfile.mkdtemp())})
-        service = TrainerService.from_settings(s.model_copy(update={"trainer": trainer}))
-        began = time.perf_counter()
-        summary = service.run(idle_exit_s=2.0)
-        took = time.perf_counter() - began - 2.0
+        with tempfile.TemporaryDirectory() as snapshots:  # a run writes about 150 MB of them
+            trainer = s.trainer.model_copy(update={"group_id": f"{s.trainer.group_id}-{run}",
+                                                   "snapshot_dir": Path(snapshots)})
+            service = TrainerService.from_settings(s.model_copy(update={"trainer": trainer}))
+            began = time.perf_counter()
+            summary = service.run(idle_exit_s=2.0)
+            took = time.perf_counter() - began - 2.0
         if summary.samples_trained != n:
             raise RuntimeError(f"the service trained {summary.samples_trained} of {n} samples")
         rates.append(summary.samples_trained / took)

@@ -223,8 +223,10 @@ class Learner:
         return all(is_finite(t) for t in tensors.values())
 
     def state_arrays(self) -> dict[str, np.ndarray]:
-        """Everything needed to resume: trained and published weights, EWC anchor and Fisher."""
-        out = {f"trained/{n}": p.detach().cpu().numpy() for n, p in self.params.items()}
+        """Everything needed to resume: trained and published weights, EWC anchor and Fisher. Without
+        EMA the trained weights are the published ones and are written once, as `published/`."""
+        out = {f"trained/{n}": p.detach().cpu().numpy() for n, p in self.params.items()} if self.ema is not None \
+            else {}
         out.update({f"published/{n}": t.cpu().numpy() for n, t in self.published_state().items()})
         if self.ewc is not None:
             out.update({f"ewc_fisher/{n}": t.cpu().numpy() for n, t in self.ewc.fisher.items()})
@@ -233,8 +235,8 @@ class Learner:
 
     @torch.no_grad()
     def load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
-        for n, p in self.params.items():
-            p.copy_(torch.from_numpy(arrays[f"trained/{n}"]))
+        for n, p in self.params.items():  # snapshots written without EMA hold them as published/ only
+            p.copy_(torch.from_numpy(arrays.get(f"trained/{n}", arrays[f"published/{n}"])))
         if self.ema is not None:
             self.ema.load({n: torch.from_numpy(arrays[f"published/{n}"]) for n in self.params})
         if self.ewc is not None and f"ewc_fisher/{next(iter(self.params))}" in arrays:

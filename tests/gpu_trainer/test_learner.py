@@ -147,3 +147,26 @@ def test_predict_scores_with_the_published_weights_as_a_loaded_snapshot_would(mo
         expected = torch.sigmoid(loaded(batch.user_idx, batch.item_idx, batch.dense)).numpy()
     np.testing.assert_allclose(learner.predict(batch), expected, rtol=1e-5, atol=1e-6)
     assert learner.model.training  # scoring leaves the trained model as it was
+
+
+@pytest.mark.parametrize("ema", [True, False])
+def test_state_arrays_restore_the_learner_and_hold_shared_weights_once(ema: bool) -> None:
+    stream, rng = TwoPhaseStream(), np.random.default_rng(5)
+    learner = Learner(cfg(ema_enabled=ema), n_dense=2)
+    for _ in range(5):
+        learner.step(stream.draw(1, 512, rng).to_batch(BUCKETS, BUCKETS))
+    arrays = learner.state_arrays()
+    names = set(learner.params)
+    # without EMA the trained weights are the published ones: written once
+    assert {k for k in arrays if k.startswith("trained/")} == ({f"trained/{n}" for n in names} if ema else set())
+    assert {k for k in arrays if k.startswith("published/")} == {f"published/{n}" for n in names}
+    restored = Learner(cfg(ema_enabled=ema), n_dense=2)
+    restored.load_state_arrays({k: v.copy() for k, v in arrays.items()})
+    assert all(torch.equal(restored.params[n], learner.params[n]) for n in names)
+    assert all(torch.equal(restored.published_state()[n], learner.published_state()[n]) for n in names)
+    # a snapshot written before (trained/ beside published/ without EMA) restores the trained ones
+    older = {**{k: v.copy() for k, v in arrays.items()},
+             **{f"trained/{n}": learner.params[n].detach().numpy().copy() for n in names}}
+    again = Learner(cfg(ema_enabled=ema), n_dense=2)
+    again.load_state_arrays(older)
+    assert all(torch.equal(again.params[n], learner.params[n]) for n in names)

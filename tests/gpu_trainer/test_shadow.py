@@ -89,7 +89,8 @@ def test_the_trainer_service_publishes_the_leading_variant_and_resumes_every_var
     assert isinstance(resumed.learner, ShadowLearners) and resumed.learner.gate.leader == manifest.variant
     for name, learner in resumed.learner.variants.items():
         saved = {k.removeprefix(f"variant/{name}/"): v for k, v in arrays.items() if k.startswith(f"variant/{name}/")}
-        assert all(np.array_equal(saved[f"trained/{k}"], p.detach().cpu().numpy())
+        # a variant without EMA holds its trained weights as its published ones
+        assert all(np.array_equal(saved.get(f"trained/{k}", saved[f"published/{k}"]), p.detach().cpu().numpy())
                    for k, p in learner.params.items()), name
     resumed.run(should_stop=lambda: source.lag() == 0)
     last = resumed.store.manifest(resumed.store.latest_version())
