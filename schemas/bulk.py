@@ -214,8 +214,9 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
     raw = b"".join(values)
     last = len(raw)
     text = raw.decode("latin-1")
-    high = np.zeros(last + 1, dtype=np.int32)  # bytes above 0x7F before each offset
-    np.cumsum(np.frombuffer(raw, dtype=np.uint8) > 0x7F, out=high[1:], dtype=np.int32)
+    counts = np.int32 if last < 2**31 else np.int64  # half the memory for any batch under 2 GiB
+    high = np.zeros(last + 1, dtype=counts)  # bytes above 0x7F before each offset
+    np.cumsum(np.frombuffer(raw, dtype=np.uint8) > 0x7F, out=high[1:], dtype=counts)
     buf = np.frombuffer(raw + bytes(_MAX_VARINT + 8), dtype=np.uint8)  # reads just past the end are safe
     ok = np.ones(n, dtype=bool)
     every = np.ones(n, dtype=bool)
