@@ -55,7 +55,7 @@ def make_learner(cfg: TrainerSettings, n_features: int,
 
 def copied(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A copy of each array for the publisher thread while training goes on; names viewing the same
-    memory (trained and published weights without EMA) share one copy.
+    memory (with shadow learners, the leader's arrays and its variant's) share one copy.
 
     >>> a = np.zeros(3)
     >>> out = copied({"x": a, "y": a, "z": a[:2]})
