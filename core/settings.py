@@ -348,6 +348,10 @@ class FlinkSettings(Section):
     watermark_interval_ms: int = 50
     buffer_timeout_ms: int = 20
     checkpoint_interval_ms: int = 5_000
+    # Any other Flink configuration for the job (e.g. {"table.exec.mini-batch.enabled": "true"} or
+    # {"state.backend.type": "rocksdb"}), applied after the project's own, so it overrides them. From the
+    # environment as JSON: RTREC_FLINK__CONFIG='{"table.exec.mini-batch.enabled": "true"}'.
+    config: dict[str, str] = Field(default_factory=dict)
     # How often a bounded run (backfill, evaluate) says how far its sources have read (as committed on checkpoints)
     progress_every_s: float = Field(default=15.0, gt=0)
     checkpoint_failures_tolerated: int = 2  # consecutive; one more fails the job (then restarts count)

@@ -55,6 +55,8 @@ def table_environment(settings: Settings, streaming: bool = True) -> TableEnviro
         conf.set("execution.checkpointing.dir", f.checkpoint_dir.resolve().as_uri())
         conf.set("execution.checkpointing.externalized-checkpoint-retention", "RETAIN_ON_CANCELLATION")
         conf.set("execution.checkpointing.tolerable-failed-checkpoints", str(f.checkpoint_failures_tolerated))
+    for key, value in f.config.items():
+        conf.set(key, value)
     return t_env
 
 
