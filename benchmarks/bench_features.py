@@ -7,7 +7,9 @@
 - freshness: window close (window end + watermark delay) -> readable in Redis, p50/p99, live;
 - reads: entities/s through get_online_features (batches of 100 and 1000) against redis-benchmark's
   pipelined HMGET rate for the same command shape;
-- stages (only with `--only stages`): events/s through ever more of the job, to show where time goes.
+- stages (only with `--only stages`): events/s through ever more of the job, to show where time goes;
+- options (only with `--only options [--cases a,b] [--rounds N]`): the whole job under each of
+  OPTION_CASES' Flink options (mini-batch, split distinct, RocksDB, buffer timeout, ...), interleaved.
 
 Run: `.venv/bin/python -m benchmarks.bench_features [--events 300000]`. Writes
 `benchmarks/out/feature_freshness_<case>.png`.
@@ -124,6 +126,43 @@ def stages(settings: Settings, n_events: int) -> None:
         took = (bounded_seconds(case, blackhole, everything, decode_only)
                 - bounded_seconds(case, blackhole, nothing, decode_only))
         emit("features", f"stage_{name}", n_events / took, "events/s", n_events)
+
+
+# Flink options worth measuring on the whole job (issue: "measure each, keep what pays"): each case's
+# update of the flink settings, against the defaults in the same process and rounds.
+OPTION_CASES: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "mini_batch_200ms": {"config": {"table.exec.mini-batch.enabled": "true",
+                                    "table.exec.mini-batch.allow-latency": "200 ms",
+                                    "table.exec.mini-batch.size": "5000"}},
+    "split_distinct": {"config": {"table.optimizer.distinct-agg.split.enabled": "true"}},
+    "rocksdb": {"config": {"state.backend.type": "rocksdb"}},
+    "buffer_timeout_100ms": {"buffer_timeout_ms": 100},
+    "checkpoint_30s": {"checkpoint_interval_ms": 30_000},
+    "fetch_1MiB": {"source_fetch_bytes": 1 << 20},
+}
+
+
+def options(settings: Settings, n_events: int, rounds: int, names: list[str]) -> None:
+    """The whole job (every sink) over the same events once per case and round, cases interleaved
+    within each round so that drift of the machine and the JVM's warm-up spread over all of them; a
+    first unmeasured run warms the JVM. Start-up is subtracted per case as in pipeline()."""
+    s = isolated(settings)
+    k = s.kafka
+    ensure_topics(k.bootstrap_servers, list(k.topics.model_dump().values()), k.partitions)
+    produce_synthetic(s, n_events, start_ms=int(time.time() * 1000) - 3_600_000, progress=True)
+    everything, nothing = LogRange(Earliest(), Latest()), LogRange(Latest(), Latest())
+    cases = {n: s.model_copy(update={"flink": s.flink.model_copy(update=OPTION_CASES[n])}) for n in names}
+    bounded_seconds(s, False, everything)
+    rates: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name, case in cases.items():
+            took = bounded_seconds(case, False, everything) - bounded_seconds(case, False, nothing)
+            rates[name].append(n_events / took)
+            print(f"round {r + 1}/{rounds} {name}: {rates[name][-1]:,.0f} events/s", file=sys.stderr, flush=True)
+    for name, runs in rates.items():
+        emit("features", f"options_{name}", float(np.median(runs)), "events/s", n_events,
+             runs=[round(x) for x in runs], options=OPTION_CASES[name])
 
 
 def _horizons(s: Settings, horizons: tuple[int, ...]) -> Settings:
@@ -284,6 +323,8 @@ def main() -> None:
     parser.add_argument("--fresh-rate", type=float, default=2000.0)
     parser.add_argument("--use-running-services", action="store_true")
     parser.add_argument("--only", default="pipeline,loader,freshness,reads")
+    parser.add_argument("--rounds", type=int, default=2, help="--only options: runs per case")
+    parser.add_argument("--cases", default=",".join(OPTION_CASES), help="--only options: which cases")
     args = parser.parse_args()
     only = set(args.only.split(","))
     with services(load_settings(), own=not args.use_running_services) as settings:
@@ -300,6 +341,8 @@ def main() -> None:
             pipeline(settings, args.events)
         if "stages" in only:  # not in the default list: it is a profile, not a target
             stages(settings, args.events)
+        if "options" in only:  # likewise: which Flink options pay on this machine
+            options(settings, args.events, args.rounds, args.cases.split(","))
 
 
 if __name__ == "__main__":
