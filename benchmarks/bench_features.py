@@ -31,10 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from benchmarks.bench_trainer import services
 from benchmarks.common import emit
-from core.kafka import ensure_topics, producer_config
+from core.kafka import consumer_config, ensure_topics, producer_config
 from core.log_range import Earliest, Latest, LogRange
 from core.settings import Settings, load_settings
 from feature_store.loader import LoaderConfig, LoaderStats, run_loader
@@ -129,7 +130,9 @@ def stages(settings: Settings, n_events: int) -> None:
 
 
 # Flink options worth measuring on the whole job (issue: "measure each, keep what pays"): each case's
-# update of the flink settings, against the defaults in the same process and rounds.
+# update of the flink settings, against the defaults in the same process and rounds. A rate counts only
+# if the case wrote what the defaults wrote: mini-batch puts a processing-time MiniBatchAssigner on the
+# features' source, which swallows the event-time watermarks (the features' windows then see none).
 OPTION_CASES: dict[str, dict[str, Any]] = {
     "defaults": {},
     "mini_batch_200ms": {"config": {"table.exec.mini-batch.enabled": "true",
@@ -152,17 +155,54 @@ def options(settings: Settings, n_events: int, rounds: int, names: list[str]) ->
     ensure_topics(k.bootstrap_servers, list(k.topics.model_dump().values()), k.partitions)
     produce_synthetic(s, n_events, start_ms=int(time.time() * 1000) - 3_600_000, progress=True)
     everything, nothing = LogRange(Earliest(), Latest()), LogRange(Latest(), Latest())
-    cases = {n: s.model_copy(update={"flink": s.flink.model_copy(update=OPTION_CASES[n])}) for n in names}
     bounded_seconds(s, False, everything)
     rates: dict[str, list[float]] = {n: [] for n in names}
+    written: dict[str, dict[str, int]] = {}
     for r in range(rounds):
-        for name, case in cases.items():
+        for name in names:
+            case = _own_outputs(s.model_copy(update={"flink": s.flink.model_copy(update=OPTION_CASES[name])}))
             took = bounded_seconds(case, False, everything) - bounded_seconds(case, False, nothing)
             rates[name].append(n_events / took)
-            print(f"round {r + 1}/{rounds} {name}: {rates[name][-1]:,.0f} events/s", file=sys.stderr, flush=True)
+            t = case.kafka.topics
+            written[name] = {kind: committed_records(case, topic) for kind, topic in
+                             (("features", t.features), ("samples", t.samples), ("dead_letters", t.dead_letter))}
+            print(f"round {r + 1}/{rounds} {name}: {rates[name][-1]:,.0f} events/s, wrote {written[name]}",
+                  file=sys.stderr, flush=True)
     for name, runs in rates.items():
+        same = written[name] == written.get("defaults", written[name])
         emit("features", f"options_{name}", float(np.median(runs)), "events/s", n_events,
-             runs=[round(x) for x in runs], options=OPTION_CASES[name])
+             runs=[round(x) for x in runs], options=OPTION_CASES[name], wrote=written[name],
+             same_output_as_defaults=same)
+
+
+def _own_outputs(s: Settings) -> Settings:
+    """`s` writing to sink topics of its own (the events topic stays), so that each run's output is counted."""
+    suffix = uuid.uuid4().hex[:6]
+    t = s.kafka.topics
+    topics = t.model_copy(update={k: f"{getattr(t, k)}.{suffix}" for k in ("features", "samples", "dead_letter")})
+    ensure_topics(s.kafka.bootstrap_servers, [topics.features, topics.samples, topics.dead_letter], s.kafka.partitions)
+    return s.model_copy(update={"kafka": s.kafka.model_copy(update={"topics": topics})})
+
+
+def committed_records(s: Settings, topic: str) -> int:
+    """How many committed records `topic` holds (read to the end of every partition)."""
+    consumer = Consumer(consumer_config(s.kafka.bootstrap_servers, f"count-{uuid.uuid4().hex[:8]}",
+                                        **{"enable.partition.eof": True}))
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+    count, at_end = 0, set()
+    try:
+        while len(at_end) < len(partitions):
+            for msg in consumer.consume(10_000, timeout=5.0):
+                if msg.error() is None:
+                    count += 1
+                elif msg.error().code() == KafkaError._PARTITION_EOF:
+                    at_end.add(msg.partition())
+                else:
+                    raise RuntimeError(f"reading {topic}: {msg.error()}")
+    finally:
+        consumer.close()
+    return count
 
 
 def _horizons(s: Settings, horizons: tuple[int, ...]) -> Settings:
