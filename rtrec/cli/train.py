@@ -49,9 +49,9 @@ def run(settings: Settings, max_samples: int | None, idle_exit_s: float | None, 
         finally:
             if service.ranks is not None:
                 service.ranks.close()
-    if service.ranks is not None:
-        click.echo(f"rank {service.ranks.rank} of {service.ranks.world}: ", nl=False)
-    click.echo(f"trained {summary.samples_trained} samples, dead-lettered {summary.dead_lettered}, "
+    # One write: ranks share torchrun's output, and another rank's line could land between two.
+    rank = "" if service.ranks is None else f"rank {service.ranks.rank} of {service.ranks.world}: "
+    click.echo(f"{rank}trained {summary.samples_trained} samples, dead-lettered {summary.dead_lettered}, "
                f"snapshots {summary.snapshots}, promoted {summary.promoted}, "
                + ("started fresh" if summary.resumed_from is None else f"resumed from v{summary.resumed_from}"))
 
