@@ -169,7 +169,7 @@ def options(settings: Settings, n_events: int, rounds: int, names: list[str]) ->
             print(f"round {r + 1}/{rounds} {name}: {rates[name][-1]:,.0f} events/s, wrote {written[name]}",
                   file=sys.stderr, flush=True)
     for name, runs in rates.items():
-        same = written[name] == written.get("defaults", written[name])
+        same = written[name] == written["defaults"] if "defaults" in written else None  # None: no defaults run
         emit("features", f"options_{name}", float(np.median(runs)), "events/s", n_events,
              runs=[round(x) for x in runs], options=OPTION_CASES[name], wrote=written[name],
              same_output_as_defaults=same)
