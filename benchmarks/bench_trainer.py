@@ -221,8 +221,12 @@ def freshness(settings: Settings, seconds: float, rate: float) -> None:
     producer = multiprocessing.get_context("spawn").Process(
         target=produce_paced, args=(s.kafka.bootstrap_servers, topics.samples, rate, seconds, results))
     producer.start()
-    sent, took = results.get(timeout=seconds + 300)
-    producer.join()
+    try:
+        sent, took = results.get(timeout=seconds + 300)
+    finally:  # a producer that never reports is not left behind
+        producer.join(timeout=10)
+        if producer.is_alive():
+            producer.terminate()
     emit("trainer", "freshness_run_produced_rate", sent / took, "samples/s", sent)
     time.sleep(3)
     stop.set()
