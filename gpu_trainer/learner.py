@@ -22,7 +22,7 @@ from gpu_trainer.collisions import CollisionCounter
 from gpu_trainer.device import amp_dtype, pick_device
 from gpu_trainer.exchange import Alone, StepExchange
 from gpu_trainer.models import build_model, sparse_tables
-from gpu_trainer.prequential import Prequential
+from gpu_trainer.prequential import Prequential, ScoreLog
 from gpu_trainer.updates.ema import EMA
 from gpu_trainer.updates.ewc import OnlineEWC
 
@@ -103,6 +103,8 @@ class Learner:
         # and their labels (with ranks: each rank's first rows, in rank order)
         self.last_published_scores: np.ndarray | None = None
         self.last_published_labels: np.ndarray | None = None
+        # when set, every sample's score of the trained weights is kept (before learning from it)
+        self.score_log: ScoreLog | None = None
 
     def _touched_rows(self, batch: Batch) -> dict[str, torch.Tensor]:
         """The rows of each table the batch reads: its users' in the user tables, its items' and recent
@@ -172,6 +174,8 @@ class Learner:
         total = len(shared["label"])
         at_ms = int(shared["time"].max())
         self.prequential.update(shared["score"], shared["label"], at_ms)
+        if self.score_log is not None:
+            self.score_log.add(shared["sample_hash"], shared["time"], shared["score"], shared["label"])
         self.last_published_scores, self.last_published_labels = shared["published"], shared["published_label"]
         if self.published_model is not None:
             self.published_prequential.update(shared["published"], shared["published_label"], at_ms)

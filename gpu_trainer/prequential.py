@@ -79,3 +79,27 @@ class Prequential:
     def logloss(self) -> float | None:
         probs, labels = self._filled()
         return logloss(probs, labels) if len(probs) else None
+
+
+@dataclass
+class ScoreLog:
+    """Every sample a learner scored before learning from it: id hash, event time, score, label (32 bytes
+    a sample). Kept only where asked for (`rtrec demo`), to score another model on the same samples.
+
+    >>> log = ScoreLog()
+    >>> log.add(np.array([7, 9], dtype=np.uint64), np.array([5, 6]), np.array([0.2, 0.9]), np.array([0.0, 1.0]))
+    >>> log.arrays()["score"].tolist()
+    [0.2, 0.9]
+    """
+
+    _parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list, init=False)
+
+    def add(self, sample_hash: np.ndarray, time_ms: np.ndarray, score: np.ndarray, label: np.ndarray) -> None:
+        self._parts.append((sample_hash.astype(np.uint64), time_ms.astype(np.int64), score.astype(np.float64),
+                            label.astype(np.float64)))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        names = ("sample_hash", "time_ms", "score", "label")
+        if not self._parts:
+            return {name: np.zeros(0) for name in names}
+        return {name: np.concatenate([part[i] for part in self._parts]) for i, name in enumerate(names)}

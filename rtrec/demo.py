@@ -23,9 +23,11 @@ from core.kafka import ensure_topics
 from core.settings import Settings
 from feature_store.loader import LoaderConfig, LoaderStats, run_loader
 from feature_store.redis_store import RedisFeatureStore
+from gpu_trainer.learner import Learner
+from gpu_trainer.prequential import ScoreLog
 from gpu_trainer.service import TrainerService
 from gpu_trainer.snapshots import SnapshotStore
-from rtrec.reports import demo_plots, frozen_auc
+from rtrec.reports import Comparison, compare_with_frozen, demo_plots
 from rtrec.services import manager
 from rtrec.sources.produce import produce_synthetic
 from schemas.kafka_io import read_topic
@@ -45,8 +47,8 @@ class DemoResult:
     dead_letters: int = 0
     snapshots: list[int] = field(default_factory=list)
     promoted: list[int] = field(default_factory=list)
-    auc_history: list[dict[str, Any]] = field(default_factory=list)
-    frozen_auc: list[tuple[int, float]] = field(default_factory=list)
+    samples_trained: int = 0
+    comparison: Comparison | None = None
     feature_latency_ms: list[int] = field(default_factory=list)
     trainer_freshness_s: float | None = None
     plots: list[Path] = field(default_factory=list)
@@ -84,19 +86,31 @@ def run_demo(base: Settings, seconds: float, rate: float, say: Callable[[str], N
         LoaderConfig.from_settings(s), store, should_stop=stop.is_set)), name="redis-loader")
     trainer = TrainerService.from_settings(s.model_copy(update={"trainer": s.trainer.model_copy(update={
         "snapshot_every_s": 5.0, "batch_timeout_ms": 200, "keep_last": 1000})}))  # the frozen baseline is v1
+    logs = _log_scores(trainer)
     trained: list[Any] = []
     trainer_thread = threading.Thread(target=lambda: trained.append(trainer.run(should_stop=stop.is_set)),
                                       name="trainer")
     loader.start()
     trainer_thread.start()
     try:
-        say(f"[produce] {int(rate * seconds)} synthetic events, {rate:.0f} impressions/s plus their clicks, "
-            "sent as their event time comes (event time = wall clock)")
-        summary = produce_synthetic(s, int(rate * seconds), progress=True, live=True)
+        begin_ms = int(time.time() * 1000)
+        end_ms = begin_ms + int(seconds * 1000)
+        deadline = time.monotonic() + seconds + _label_delay_s(s) + 120
+        say(f"[produce] {seconds:.0f} s of synthetic events, {rate:.0f} impressions/s plus their clicks, sent as "
+            f"their event time comes (event time = wall clock); then on until the trainer has the samples of the "
+            f"last of them: a sample waits {_label_delay_s(s):.0f} s of event time for its label")
+
+        def reported() -> bool:
+            caught_up = (trainer.newest_event_ms or 0) >= end_ms
+            return caught_up or time.monotonic() > deadline or not trainer_thread.is_alive()
+
+        summary = produce_synthetic(s, None, start_ms=begin_ms, progress=True, live=True, should_stop=reported)
         result.events = summary.produced
-        # let the last windows close: push the watermark past them with a final quiet wait
-        say("[wait] letting windows, samples and snapshots catch up")
-        time.sleep(s.flink.attribution_window_s + 10)
+        if (trainer.newest_event_ms or 0) < end_ms:
+            say("[produce] stopped before the trainer had the samples of the last impressions: the job or the "
+                "trainer fell behind, or the trainer stopped")
+        say("[wait] until the trainer has read every sample the job wrote")
+        _wait_for_trainer(trainer, trainer_thread, say, quiet_s=max(10.0, 2 * s.flink.checkpoint_interval_ms / 1000))
     except KeyboardInterrupt:
         say("[demo] interrupted: stopping cleanly")
     finally:
@@ -105,13 +119,45 @@ def run_demo(base: Settings, seconds: float, rate: float, say: Callable[[str], N
         loader.join(30)
         with contextlib.suppress(Exception):
             client.cancel().result()
-    _collect(s, result, trainer, loader_stats, store)
-    result.plots = demo_plots(result.auc_history, result.frozen_auc, result.feature_latency_ms, out_dir)
+    _collect(s, result, trainer, loader_stats, store, logs)
+    result.plots = demo_plots(result.comparison, result.feature_latency_ms, out_dir)
     return result
 
 
+def _log_scores(trainer: TrainerService) -> dict[str, ScoreLog]:
+    """A score log per learner (each shadow variant has its own)."""
+    learners: dict[str, Learner] = getattr(trainer.learner, "variants", None) or {"": trainer.learner}
+    logs = {}
+    for name, learner in learners.items():
+        learner.score_log = logs[name] = ScoreLog()
+    return logs
+
+
+def _label_delay_s(s: Settings) -> float:
+    """How far the samples' watermark trails the newest event: a sample is written once it is past the
+    impression by the attribution window, its tumbling window and the hold-back (one base window each)."""
+    f = s.flink
+    return f.attribution_window_s + 2 * f.window_s + f.watermark_delay_ms / 1000
+
+
+def _wait_for_trainer(trainer: TrainerService, thread: threading.Thread, say: Callable[[str], None],
+                      quiet_s: float = 10.0, at_most_s: float = 300.0) -> None:
+    """Until the trainer has trained nothing new for `quiet_s`: it has read every sample the job wrote
+    (they come at each checkpoint)."""
+    began = time.monotonic()
+    seen, since = trainer.learner.samples_trained, time.monotonic()
+    while time.monotonic() - began < at_most_s and thread.is_alive():
+        time.sleep(1.0)
+        now = trainer.learner.samples_trained
+        if now != seen:
+            seen, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+    say(f"[wait] the trainer was still training after {at_most_s:.0f} s; stopping it")
+
+
 def _collect(s: Settings, result: DemoResult, trainer: TrainerService, loader_stats: list[LoaderStats],
-             store: RedisFeatureStore) -> None:
+             store: RedisFeatureStore, logs: dict[str, ScoreLog]) -> None:
     k = s.kafka
     samples = read_topic(k.bootstrap_servers, k.topics.samples, "TrainingSample",
                          security=k.security.librdkafka()).records
@@ -124,12 +170,14 @@ def _collect(s: Settings, result: DemoResult, trainer: TrainerService, loader_st
         result.feature_latency_ms = list(loader_stats[0].latencies_ms)
     result.redis_keys = sum(1 for _ in store.client.scan_iter(f"{s.redis.key_prefix}:f:*", count=10_000))
     result.snapshots, result.promoted = trainer.written, trainer.promoted
-    result.auc_history = trainer.learner.published_prequential.history
+    result.samples_trained = trainer.learner.samples_trained
     snapshots = SnapshotStore(s.trainer.snapshot_dir)
     if trainer.promoted:
         last = snapshots.manifest(trainer.promoted[-1])
         if last.newest_event_ms is not None:
             result.trainer_freshness_s = (last.created_at - last.newest_event_ms) / 1000.0
         kept = [v for v in trainer.promoted if v in snapshots.versions()]
-        if kept:
-            result.frozen_auc = frozen_auc(snapshots, kept[0], samples)
+        if kept:  # the learner published at the end (a shadow variant may have taken the lead)
+            leader = getattr(trainer.learner, "gate", None)
+            log = logs[leader.leader] if leader is not None else logs[""]
+            result.comparison = compare_with_frozen(snapshots, kept[0], samples, log.arrays())

@@ -2,39 +2,75 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from gpu_trainer.batch import hash_ids
 from gpu_trainer.prequential import auc
 from gpu_trainer.scoring import load_snapshot
 from gpu_trainer.snapshots import SnapshotStore
 
 
-def frozen_auc(snapshots: SnapshotStore, version: int, samples: list[dict]) -> list[tuple[int, float]]:
-    """AUC over time of the first promoted snapshot, never updated, on the samples after it."""
+@dataclass(frozen=True)
+class BucketAUC:
+    """One bucket of event time: both models' AUC on the same samples (None: too few, or one class)."""
+
+    start_ms: int
+    end_ms: int
+    samples: int
+    realtime: float | None
+    frozen: float | None
+
+
+@dataclass
+class Comparison:
+    """The real-time model (each sample scored before it learned from it) against the first promoted
+    snapshot, never updated, on the same samples: those after the snapshot that the real-time model scored."""
+
+    frozen_version: int
+    samples: int  # compared: in the topic, after the snapshot, scored by the real-time model
+    unscored: int  # in the topic after the snapshot, but never reached the trainer before the run ended
+    realtime_auc: float | None
+    frozen_auc: float | None
+    buckets: list[BucketAUC] = field(default_factory=list)
+
+
+def compare_with_frozen(snapshots: SnapshotStore, version: int, samples: list[dict], scored: dict[str, np.ndarray],
+                        buckets: int = 10, min_per_bucket: int = 50) -> Comparison:
+    """Scores `samples` (TrainingSample records) with snapshot `version` and compares, per equal
+    bucket of event time, with `scored` (a ScoreLog's arrays) on the samples both scored."""
     frozen = load_snapshot(snapshots, version)
-    later = [r for r in samples if r["event_time"] > frozen.manifest.newest_event_ms]
-    if not later:
-        return []
-    probs = frozen.score_samples(later)
-    times = np.array([r["event_time"] for r in later])
-    labels = np.array([r["label"] for r in later])
-    edges = np.linspace(times.min(), times.max() + 1, 11)
-    out = []
+    newest = frozen.manifest.newest_event_ms if frozen.manifest.newest_event_ms is not None else -1
+    later = [r for r in samples if r["event_time"] > newest]
+    order = np.argsort(scored["sample_hash"], kind="stable")
+    logged = scored["sample_hash"][order]
+    hashes = hash_ids([r["sample_id"] for r in later])
+    at = np.minimum(np.searchsorted(logged, hashes), max(len(logged) - 1, 0))
+    found = (logged[at] == hashes) if len(logged) else np.zeros(len(later), dtype=bool)
+    kept = [r for r, f in zip(later, found, strict=True) if f]
+    result = Comparison(version, len(kept), len(later) - len(kept), None, None)
+    if not kept:
+        return result
+    realtime = scored["score"][order][at[found]]
+    frozen_scores = frozen.score_samples(kept).astype(np.float64)
+    labels = np.array([r["label"] for r in kept], dtype=np.float64)
+    times = np.array([r["event_time"] for r in kept], dtype=np.int64)
+    result.realtime_auc, result.frozen_auc = auc(realtime, labels), auc(frozen_scores, labels)
+    edges = np.linspace(times.min(), times.max() + 1, buckets + 1)
     for lo, hi in zip(edges[:-1], edges[1:], strict=True):
         mask = (times >= lo) & (times < hi)
-        value = auc(probs[mask].astype(np.float64), labels[mask]) if mask.sum() > 50 else None
-        if value is not None:
-            out.append((int(hi), value))
-    return out
+        n = int(mask.sum())
+        enough = n >= min_per_bucket
+        result.buckets.append(BucketAUC(int(lo), int(hi), n, auc(realtime[mask], labels[mask]) if enough else None,
+                                        auc(frozen_scores[mask], labels[mask]) if enough else None))
+    return result
 
 
-def demo_plots(auc_history: list[dict[str, Any]], frozen: list[tuple[int, float]], feature_latency_ms: list[int],
-               out_dir: Path) -> list[Path]:
-    """`auc_over_time.png` (real-time prequential AUC beside the frozen snapshot's) and
-    `feature_freshness.png` (window end -> readable in Redis) in `out_dir`."""
+def demo_plots(comparison: Comparison | None, feature_latency_ms: list[int], out_dir: Path) -> list[Path]:
+    """`auc_over_time.png` (the real-time model and the frozen first snapshot, per bucket of event time,
+    on the same samples) and `feature_freshness.png` (window end -> readable in Redis) in `out_dir`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -43,20 +79,20 @@ def demo_plots(auc_history: list[dict[str, Any]], frozen: list[tuple[int, float]
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     fig, ax = plt.subplots(figsize=(8, 4))
-    points = [(h["at_ms"], h["auc"]) for h in auc_history if h["auc"] is not None and h["at_ms"]]
-    if points:
-        # batches may end at slightly earlier event times than their predecessors: plot the running max
-        times = np.maximum.accumulate([t for t, _ in points])
-        points = list(zip(times.tolist(), [a for _, a in points], strict=True))
-        t0 = points[0][0]
-        ax.plot([(t - t0) / 1000 for t, _ in points], [a for _, a in points], label="real-time (prequential)")
-        if frozen:
-            ax.plot([(t - t0) / 1000 for t, _ in frozen], [a for _, a in frozen], "o--",
-                    label="frozen first snapshot")
-    ax.set_xlabel("event time since the first sample (s)")
+    if comparison is not None and comparison.buckets:
+        t0 = comparison.buckets[0].start_ms
+        xs = [((b.start_ms + b.end_ms) / 2 - t0) / 1000 for b in comparison.buckets]
+        for label, values, style in (("real-time (scored before learning)", [b.realtime for b in comparison.buckets],
+                                      "o-"),
+                                     (f"frozen first snapshot (v{comparison.frozen_version})",
+                                      [b.frozen for b in comparison.buckets], "s--")):
+            ax.plot(xs, [np.nan if v is None else v for v in values], style, label=label)
+        ax.set_title(f"AUC per bucket of event time, both models on the same {comparison.samples} samples")
+        ax.legend()
+    else:
+        ax.set_title("AUC per bucket of event time: no samples after the first snapshot")
+    ax.set_xlabel("event time since the first compared sample (s), bucket middle")
     ax.set_ylabel("AUC")
-    ax.set_title("Prequential AUC (rolling window): real-time model vs frozen first snapshot")
-    ax.legend()
     fig.tight_layout()
     paths.append(out_dir / "auc_over_time.png")
     fig.savefig(paths[-1], dpi=100)

@@ -13,8 +13,10 @@ from rtrec.services.process import ServiceError
 
 
 @click.command("demo")
-@click.option("--seconds", type=float, default=60.0, show_default=True, help="How long events are produced.")
-@click.option("--rate", type=float, default=2000.0, show_default=True, help="Synthetic events per second.")
+@click.option("--seconds", type=float, default=60.0, show_default=True,
+              help="The event time reported on; events go on until the trainer has the samples of all of it.")
+@click.option("--rate", type=float, default=2000.0, show_default=True,
+              help="Synthetic impressions per second (their clicks come on top).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=Path("demo-out"),
               show_default=True, help="Where the PNG plots go.")
 @click.pass_obj
@@ -27,21 +29,25 @@ def demo_command(settings: Settings, seconds: float, rate: float, out_dir: Path)
             r = run_demo(settings, seconds, rate, say=click.echo, out_dir=out_dir)
     except ServiceError as exc:
         raise click.ClickException(str(exc)) from exc
-    aucs = [h["auc"] for h in r.auc_history if h["auc"] is not None]
     lat = np.array(r.feature_latency_ms) / 1000.0
     click.echo("\n== summary ==")
     click.echo(f"run               {r.run_id}")
     click.echo(f"events            {r.events}")
     click.echo(f"feature windows   {r.feature_records} records on the features topic")
     click.echo(f"features in Redis {r.redis_keys} entities ({r.redis_slots} window slots written)")
-    click.echo(f"training samples  {r.samples}")
+    click.echo(f"training samples  {r.samples} ({r.samples_trained} trained)")
     click.echo(f"dead letters      {r.dead_letters}")
-    if aucs:
-        marks = [aucs[int(i)] for i in np.linspace(0, len(aucs) - 1, min(6, len(aucs)))]
-        click.echo("prequential AUC   " + " -> ".join(f"{a:.3f}" for a in marks))
-    if r.frozen_auc:
-        step = max(1, len(r.frozen_auc) // 6)
-        click.echo("frozen model AUC  " + " -> ".join(f"{a:.3f}" for _, a in r.frozen_auc[::step]))
+    c = r.comparison
+    if c is not None and c.samples:
+        def auc_text(value: float | None) -> str:
+            return "  -  " if value is None else f"{value:.3f}"
+
+        click.echo(f"AUC, same samples {c.samples} samples after snapshot v{c.frozen_version}"
+                   + (f" ({c.unscored} more never reached the trainer)" if c.unscored else ""))
+        click.echo(f"  real-time model {auc_text(c.realtime_auc)}  per bucket "
+                   + " ".join(auc_text(b.realtime) for b in c.buckets))
+        click.echo(f"  frozen v{c.frozen_version:<8} {auc_text(c.frozen_auc)}  per bucket "
+                   + " ".join(auc_text(b.frozen) for b in c.buckets))
     click.echo(f"snapshots         {len(r.snapshots)} written, promoted {r.promoted}")
     if len(lat):
         click.echo(f"feature freshness window end -> Redis p50 {np.median(lat):.2f}s p99 {np.percentile(lat, 99):.2f}s")
