@@ -153,7 +153,10 @@ def _wait_for_trainer(trainer: TrainerService, thread: threading.Thread, say: Ca
             seen, since = now, time.monotonic()
         elif time.monotonic() - since >= quiet_s:
             return
-    say(f"[wait] the trainer was still training after {at_most_s:.0f} s; stopping it")
+    if thread.is_alive():
+        say(f"[wait] the trainer was still training after {at_most_s:.0f} s; stopping it")
+    else:
+        say("[wait] the trainer stopped before it had read every sample (its error is in the log above)")
 
 
 def _collect(s: Settings, result: DemoResult, trainer: TrainerService, loader_stats: list[LoaderStats],
