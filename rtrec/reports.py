@@ -47,13 +47,12 @@ def compare_with_frozen(snapshots: SnapshotStore, version: int, samples: list[di
     order = np.argsort(scored["sample_hash"], kind="stable")
     logged = scored["sample_hash"][order]
     hashes = hash_ids([r["sample_id"] for r in later])
-    at = np.minimum(np.searchsorted(logged, hashes), max(len(logged) - 1, 0))
-    found = (logged[at] == hashes) if len(logged) else np.zeros(len(later), dtype=bool)
+    found = np.isin(hashes, logged)
     kept = [r for r, f in zip(later, found, strict=True) if f]
     result = Comparison(version, len(kept), len(later) - len(kept), None, None)
     if not kept:
         return result
-    realtime = scored["score"][order][at[found]]
+    realtime = scored["score"][order][np.searchsorted(logged, hashes[found])]
     frozen_scores = frozen.score_samples(kept).astype(np.float64)
     labels = np.array([r["label"] for r in kept], dtype=np.float64)
     times = np.array([r["event_time"] for r in kept], dtype=np.int64)
