@@ -109,6 +109,10 @@ def isolated(settings: Settings, **trainer: object) -> Settings:
                                                                         **trainer})})
 
 
+# whole batches of 4,096: a last partial batch would wait out the batch timeout, which a live stream never does
+SERVICE_SAMPLES = 49 * 4096
+
+
 def service_throughput(settings: Settings, n: int, repeats: int = 1) -> None:
     """Samples/s of the whole service (consume, decode, validate, train, snapshot) from a backlog:
     the median of `repeats` runs over the same topic, each a new consumer group and snapshot
@@ -124,8 +128,10 @@ def service_throughput(settings: Settings, n: int, repeats: int = 1) -> None:
                                                    "snapshot_dir": Path(snapshots)})
             service = TrainerService.from_settings(s.model_copy(update={"trainer": trainer}))
             began = time.perf_counter()
-            summary = service.run(idle_exit_s=2.0)
-            took = time.perf_counter() - began - 2.0
+            # it stops on its n-th sample, after the final snapshot: stopping on idleness would count the
+            # wait that detects it (2 s and up to one batch timeout more)
+            summary = service.run(max_samples=n, idle_exit_s=10.0)
+            took = time.perf_counter() - began
         if summary.samples_trained != n:
             raise RuntimeError(f"the service trained {summary.samples_trained} of {n} samples")
         rates.append(summary.samples_trained / took)
@@ -277,7 +283,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.only == "service":
         with services(load_settings(), own=not args.use_running_services) as settings:
-            service_throughput(settings, 200_000, args.repeats)
+            service_throughput(settings, SERVICE_SAMPLES, args.repeats)
         return
     if args.only == "ranks":
         with services(load_settings(), own=not args.use_running_services) as settings:
@@ -287,7 +293,7 @@ def main() -> None:
     throughput(["mf", "deepfm"], [512, 4096, 16384], args.step_seconds)
     shadow_cost([(), ("plain", "ema"), ("plain", "ema", "ewc", "ema+ewc")], 4096, args.step_seconds)
     with services(load_settings(), own=not args.use_running_services) as settings:
-        service_throughput(settings, 200_000, args.repeats)
+        service_throughput(settings, SERVICE_SAMPLES, args.repeats)
         ranks_throughput(settings, 200_000, [1, 2, 3])
         ranks_throughput(settings, 200_000, [2, 3], exchange="gradients")
         freshness(settings, args.seconds, args.rate)
