@@ -331,9 +331,9 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
             ok[(branch != 0) & (branch != 1)] = False
             present = branch == 1
             if element == "string":
-                text = string(present)
-                text[~present] = None
-                columns[name] = text
+                strings = string(present)
+                strings[~present] = None
+                columns[name] = strings
             else:
                 columns[name] = np.where(present, number(element, present).astype(np.float64), np.nan)
         else:
