@@ -15,6 +15,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicCollection, TopicPartition
 from confluent_kafka.admin import AclOperation, AdminClient, NewTopic
 
+from core.collector import cyclic_gc_paused
+
 log = logging.getLogger("rtrec.kafka")
 
 
@@ -147,14 +149,24 @@ def poll_messages(consumer: Consumer, max_records: int, timeout_s: float, fill: 
     """Up to `max_records` messages within `timeout_s`; end-of-partition events are skipped, errors raised
     (but for transient ones and a subscribed topic that does not exist yet, which are waited out).
 
-    With `fill`, polls again until `max_records` arrived or the time is up (a micro-batch that closes
-    on size or time); without, returns what one fetch brought (as soon as anything arrived).
+    With `fill`, waits for more until `max_records` arrived or the time is up (a micro-batch that closes
+    on size or time); without, returns what has arrived as soon as anything has.
     """
     deadline = time.monotonic() + timeout_s
     out: list[Message] = []
-    while True:
-        remaining = max(deadline - time.monotonic(), 0.0)
-        for msg in consumer.consume(num_messages=max_records - len(out), timeout=remaining):
+    while len(out) < max_records:
+        # what the fetches brought already, taken with the collector paused (core.collector); waiting
+        # for more is a consume of its own, so the pause never lasts a wait
+        with cyclic_gc_paused():
+            got = consumer.consume(num_messages=max_records - len(out), timeout=0)
+        if not got:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or (out and not fill):
+                break
+            got = consumer.consume(num_messages=1, timeout=remaining)  # returns as soon as one arrives
+            if not got:
+                break
+        for msg in got:
             err = msg.error()
             if err is None:
                 out.append(msg)
@@ -162,8 +174,7 @@ def poll_messages(consumer: Consumer, max_records: int, timeout_s: float, fill: 
                 _waiting_for_topic(err)
             elif err.code() != KafkaError._PARTITION_EOF and not is_transient(err):
                 raise KafkaException(err)  # transient ones: librdkafka reconnects and fetches again
-        if not fill or len(out) >= max_records or remaining <= 0:
-            return out
+    return out
 
 
 def cached_lag(consumer: Consumer, partitions: list[TopicPartition]) -> int:

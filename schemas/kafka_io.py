@@ -13,6 +13,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from core.collector import cyclic_gc_paused
 from core.kafka import consumer_config, poll_messages
 from schemas.bulk import BulkDecoded, BulkDecoder
 from schemas.dead_letter import Reject
@@ -114,27 +115,30 @@ class AvroConsumer:
         return self._consumer
 
     def poll_batch(self, max_records: int = 5000, timeout_s: float = 1.0, fill: bool = False) -> ConsumedBatch:
-        """One fetch's records, or with `fill` up to `max_records` or `timeout_s` (see core.kafka.poll_messages)."""
+        """What has arrived, or with `fill` up to `max_records` or `timeout_s` (core.kafka.poll_messages)."""
         batch = ConsumedBatch([], [], {})
-        for msg in poll_messages(self._consumer, max_records, timeout_s, fill=fill):
-            batch.offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
-            try:
-                batch.records.append(self.decode(msg.value(), header_of(msg.headers())))
-            except SerdeError as exc:
-                batch.rejected.append(Reject(exc.reason, msg.topic(), msg.partition(), msg.offset(),
-                                             value=msg.value() if self.keep_rejected_values else None))
+        messages = poll_messages(self._consumer, max_records, timeout_s, fill=fill)
+        with cyclic_gc_paused():
+            for msg in messages:
+                batch.offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
+                try:
+                    batch.records.append(self.decode(msg.value(), header_of(msg.headers())))
+                except SerdeError as exc:
+                    batch.rejected.append(Reject(exc.reason, msg.topic(), msg.partition(), msg.offset(),
+                                                 value=msg.value() if self.keep_rejected_values else None))
         return batch
 
     def poll_columns(self, decoder: BulkDecoder, widths: Mapping[str, int], max_records: int = 5000,
                      timeout_s: float = 1.0, fill: bool = False) -> ConsumedBatch:
         """As `poll_batch`, decoded in bulk (schemas.bulk): the records come back as columns."""
         messages = poll_messages(self._consumer, max_records, timeout_s, fill=fill)
-        # the last message of each partition gives its next offset: one dict entry per partition
-        last = {(msg.topic(), msg.partition()): msg for msg in messages}
-        batch = ConsumedBatch([], [], {key: msg.offset() + 1 for key, msg in last.items()})
-        values = [msg.value() for msg in messages]
-        headers = header_values([msg.headers() for msg in messages], decoder.header_value)
-        batch.columns = decoder.decode(values, headers, widths)
+        with cyclic_gc_paused():
+            # the last message of each partition gives its next offset: one dict entry per partition
+            last = {(msg.topic(), msg.partition()): msg for msg in messages}
+            batch = ConsumedBatch([], [], {key: msg.offset() + 1 for key, msg in last.items()})
+            values = [msg.value() for msg in messages]
+            headers = header_values([msg.headers() for msg in messages], decoder.header_value)
+            batch.columns = decoder.decode(values, headers, widths)
         for i, reason in batch.columns.rejected:
             msg = messages[i]
             batch.rejected.append(Reject(reason, msg.topic(), msg.partition(), msg.offset(),
