@@ -143,6 +143,7 @@ OPTION_CASES: dict[str, dict[str, Any]] = {
     "buffer_timeout_100ms": {"buffer_timeout_ms": 100},
     "checkpoint_30s": {"checkpoint_interval_ms": 30_000},
     "fetch_1MiB": {"source_fetch_bytes": 1 << 20},
+    "object_reuse": {"config": {"pipeline.object-reuse": "true"}},
 }
 
 
