@@ -15,7 +15,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicCollection, TopicPartition
 from confluent_kafka.admin import AclOperation, AdminClient, NewTopic
 
-from core.collector import cyclic_gc_paused
+from core.collector import CollectorPause, cyclic_gc_paused
 
 log = logging.getLogger("rtrec.kafka")
 
@@ -145,25 +145,30 @@ def _waiting_for_topic(err: KafkaError) -> None:
         log.warning("waiting for the topic to be created: %s", text)
 
 
-def poll_messages(consumer: Consumer, max_records: int, timeout_s: float, fill: bool = False) -> list[Message]:
+def poll_messages(consumer: Consumer, max_records: int, timeout_s: float, fill: bool = False,
+                  pause: CollectorPause | None = None) -> list[Message]:
     """Up to `max_records` messages within `timeout_s`; end-of-partition events are skipped, errors raised
     (but for transient ones and a subscribed topic that does not exist yet, which are waited out).
 
     With `fill`, waits for more until `max_records` arrived or the time is up (a micro-batch that closes
     on size or time); without, returns what has arrived as soon as anything has.
+
+    The messages are taken with the collector paused (core.collector): in `pause`, the caller's, which
+    then lasts until the caller has dropped them, else in one of its own. Waits run with it going.
     """
+    if pause is None:
+        with cyclic_gc_paused() as own:
+            return poll_messages(consumer, max_records, timeout_s, fill, own)
     deadline = time.monotonic() + timeout_s
     out: list[Message] = []
     while len(out) < max_records:
-        # what the fetches brought already, taken with the collector paused (core.collector); waiting
-        # for more is a consume of its own, so the pause never lasts a wait
-        with cyclic_gc_paused():
-            got = consumer.consume(num_messages=max_records - len(out), timeout=0)
+        got = consumer.consume(num_messages=max_records - len(out), timeout=0)  # what the fetches brought
         if not got:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or (out and not fill):
                 break
-            got = consumer.consume(num_messages=1, timeout=remaining)  # returns as soon as one arrives
+            with pause.waiting():
+                got = consumer.consume(num_messages=1, timeout=remaining)  # returns as soon as one arrives
             if not got:
                 break
         for msg in got:

@@ -117,8 +117,9 @@ class AvroConsumer:
     def poll_batch(self, max_records: int = 5000, timeout_s: float = 1.0, fill: bool = False) -> ConsumedBatch:
         """What has arrived, or with `fill` up to `max_records` or `timeout_s` (core.kafka.poll_messages)."""
         batch = ConsumedBatch([], [], {})
-        messages = poll_messages(self._consumer, max_records, timeout_s, fill=fill)
-        with cyclic_gc_paused():
+        # one pause from taking the messages to dropping them (core.collector)
+        with cyclic_gc_paused() as pause:
+            messages = poll_messages(self._consumer, max_records, timeout_s, fill=fill, pause=pause)
             for msg in messages:
                 batch.offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
                 try:
@@ -126,23 +127,25 @@ class AvroConsumer:
                 except SerdeError as exc:
                     batch.rejected.append(Reject(exc.reason, msg.topic(), msg.partition(), msg.offset(),
                                                  value=msg.value() if self.keep_rejected_values else None))
+            del messages  # freed by reference counting while paused, so they set off no collection
         return batch
 
     def poll_columns(self, decoder: BulkDecoder, widths: Mapping[str, int], max_records: int = 5000,
                      timeout_s: float = 1.0, fill: bool = False) -> ConsumedBatch:
         """As `poll_batch`, decoded in bulk (schemas.bulk): the records come back as columns."""
-        messages = poll_messages(self._consumer, max_records, timeout_s, fill=fill)
-        with cyclic_gc_paused():
+        with cyclic_gc_paused() as pause:
+            messages = poll_messages(self._consumer, max_records, timeout_s, fill=fill, pause=pause)
             # the last message of each partition gives its next offset: one dict entry per partition
             last = {(msg.topic(), msg.partition()): msg for msg in messages}
             batch = ConsumedBatch([], [], {key: msg.offset() + 1 for key, msg in last.items()})
             values = [msg.value() for msg in messages]
             headers = header_values([msg.headers() for msg in messages], decoder.header_value)
             batch.columns = decoder.decode(values, headers, widths)
-        for i, reason in batch.columns.rejected:
-            msg = messages[i]
-            batch.rejected.append(Reject(reason, msg.topic(), msg.partition(), msg.offset(),
-                                         value=values[i] if self.keep_rejected_values else None))
+            for i, reason in batch.columns.rejected:
+                msg = messages[i]
+                batch.rejected.append(Reject(reason, msg.topic(), msg.partition(), msg.offset(),
+                                             value=values[i] if self.keep_rejected_values else None))
+            del messages, last  # freed by reference counting while paused, so they set off no collection
         return batch
 
     def commit(self, offsets: Mapping[tuple[str, int], int] | None = None) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 from typing import Any
 
+from core.collector import cyclic_gc_paused
 from core.kafka import poll_messages
 
 
@@ -65,3 +66,13 @@ def test_a_paused_collector_stays_paused_after() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_in_the_callers_pause_waits_run_with_the_collector_and_the_pause_goes_on() -> None:
+    consumer = _ScriptedConsumer([], [1], [])
+    with cyclic_gc_paused() as pause:
+        got = poll_messages(consumer, max_records=2, timeout_s=0.05, fill=True, pause=pause)  # type: ignore[arg-type]
+        assert not gc.isenabled()  # the caller drops the messages before the collector runs again
+    assert [m.n for m in got] == [1] and gc.isenabled()
+    assert [enabled for _, timeout, enabled in consumer.calls if timeout != 0] == [True, True]
+    assert not any(enabled for _, timeout, enabled in consumer.calls if timeout == 0)
