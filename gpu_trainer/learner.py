@@ -25,6 +25,7 @@ from gpu_trainer.models import build_model, sparse_tables
 from gpu_trainer.prequential import Prequential, ScoreLog
 from gpu_trainer.updates.ema import EMA
 from gpu_trainer.updates.ewc import OnlineEWC
+from gpu_trainer.updates.row_adam import RowSparseAdam
 
 
 def model_config(cfg: TrainerSettings, n_dense: int) -> dict[str, Any]:
@@ -74,7 +75,7 @@ class Learner:
         self.params = dict(self.model.named_parameters())
         sparse = [p for n, p in self.params.items() if n in self.tables]
         dense = [p for n, p in self.params.items() if n not in self.tables]
-        self.optimizers: list[torch.optim.Optimizer] = [torch.optim.SparseAdam(sparse, lr=cfg.lr)]
+        self.optimizers: list[torch.optim.Optimizer] = [RowSparseAdam(sparse, lr=cfg.lr)]
         if dense:
             self.optimizers.append(torch.optim.Adam(dense, lr=cfg.dense_lr))
         names = set(self.tables)

@@ -7,6 +7,7 @@ from torch import nn
 
 from gpu_trainer.updates.ema import EMA
 from gpu_trainer.updates.ewc import OnlineEWC
+from gpu_trainer.updates.row_adam import RowSparseAdam
 
 
 def test_ema_dense_and_row_sparse() -> None:
@@ -75,3 +76,26 @@ def test_ewc_on_sparse_embedding_gradients_touches_only_batch_rows() -> None:
     assert torch.equal(dense_grad[1], torch.zeros(2))
     rows = {"weight": torch.tensor([1])}
     assert abs(float(ewc.penalty(params, rows).detach()) - 0.5 * 2.0 * 4.0 * 2) < 1e-5
+
+
+def test_row_sparse_adam_steps_as_torchs_sparse_adam() -> None:
+    """Same weights and moments as torch.optim.SparseAdam over steps with repeated rows, rows seen
+    again, an empty gradient and maximize."""
+    torch.manual_seed(3)
+    for maximize in (False, True):
+        ours, theirs = nn.Parameter(torch.randn(50, 4)), nn.Parameter(torch.empty(50, 4))
+        theirs.data.copy_(ours.data)
+        before = ours.detach().clone()
+        mine = RowSparseAdam([ours], lr=0.05, betas=(0.8, 0.99), maximize=maximize)
+        reference = torch.optim.SparseAdam([theirs], lr=0.05, betas=(0.8, 0.99), maximize=maximize)
+        for rows in ([1, 1, 7, 49], [7, 3, 3, 3], [], [0, 49, 1]):
+            grad = torch.sparse_coo_tensor(torch.tensor([rows], dtype=torch.int64), torch.randn(len(rows), 4),
+                                           (50, 4), check_invariants=True)
+            ours.grad, theirs.grad = grad, grad.clone()
+            mine.step()
+            reference.step()
+            assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.allclose(mine.state[ours][key], reference.state[theirs][key], rtol=1e-5, atol=1e-7)
+        assert mine.state[ours]["step"] == reference.state[theirs]["step"] == 4
+        assert torch.equal(ours[10:20], before[10:20])  # rows no gradient touched keep their weights
