@@ -144,6 +144,7 @@ OPTION_CASES: dict[str, dict[str, Any]] = {
     "checkpoint_30s": {"checkpoint_interval_ms": 30_000},
     "fetch_1MiB": {"source_fetch_bytes": 1 << 20},
     "object_reuse": {"config": {"pipeline.object-reuse": "true"}},
+    "parallelism_2": {"parallelism": 2},  # the embedded cluster's; the events topic has 2 partitions
 }
 
 
