@@ -47,6 +47,7 @@ class Round:
     snapshot_due: bool = False  # by the clock (trainer.snapshot_every_s); rank 0's counts
     rows: int | None = None  # how many samples it polled; None: len(batch)
     newest_ms: int | None = None  # the newest sample's event time; None: batch's
+    behind: bool = False  # its partitions hold records it has not polled yet (a backlog)
 
     def polled(self) -> tuple[int, int | None]:
         if self.rows is not None:
@@ -71,6 +72,7 @@ class Agreed:
     snapshot_due: bool = False
     rows: int = 0  # every rank's samples
     newest_ms: int | None = None  # the newest of them
+    behind: bool = False  # some rank still has a backlog
 
 
 def combine(rounds: Sequence[Round]) -> Agreed:
@@ -84,6 +86,8 @@ def combine(rounds: Sequence[Round]) -> Agreed:
     >>> agreed = combine([a, b])
     >>> len(agreed.batch), agreed.offsets, agreed.dead_lettered, agreed.idle_s, agreed.stop, agreed.snapshot_due
     (2, {('t', 0): 2}, 1, 5.0, True, True)
+    >>> agreed.behind, combine([a, replace(b, behind=True)]).behind
+    (False, True)
     >>> counted = combine([a.without_samples(), b.without_samples()])
     >>> len(counted.batch), counted.rows, counted.newest_ms
     (0, 2, 1)
@@ -95,7 +99,7 @@ def combine(rounds: Sequence[Round]) -> Agreed:
     newest = [t for _, t in polled if t is not None]
     return Agreed(Batch.concat([r.batch for r in rounds]), offsets, sum(r.dead_lettered for r in rounds),
                   min(r.idle_s for r in rounds), any(r.stop for r in rounds), rounds[0].snapshot_due,
-                  sum(n for n, _ in polled), max(newest) if newest else None)
+                  sum(n for n, _ in polled), max(newest) if newest else None, any(r.behind for r in rounds))
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,8 @@ class TrainerService:
         self._dirty = False
         self._reverts = 0
         self._gauges_at = 0.0
+        # ranks: another rank had a backlog in the last round and this one had none (see _poll)
+        self._hurry = False
         self._last_snapshot_at = time.monotonic()
         self.written: list[int] = []
         self.promoted: list[int] = []
@@ -184,6 +186,7 @@ class TrainerService:
                 if mine.idle_s == 0.0:
                     last_input = time.monotonic()
                 agreed = self._agree(mine)
+                self._hurry = agreed.behind and not mine.behind
                 self._count_dead_letters(agreed.dead_lettered)
                 if agreed.rows:  # every rank steps, on every rank's samples or (exchanging gradients) its own
                     self._train(mine.batch if self.exchange is not None else agreed.batch, agreed, own)
@@ -219,7 +222,10 @@ class TrainerService:
         if stop:
             good = Columns.from_records([], width=self.n_features, history_length=self.cfg.history_length)
         else:
-            polled = self.source.poll(max_records, self.cfg.batch_timeout_ms / 1000.0)
+            # A round waits for its slowest rank. While another rank works through a backlog, one that
+            # has caught up takes what has arrived instead of waiting out the batch timeout for more:
+            # waiting, it held every round of the others' backlog by that timeout.
+            polled = self.source.poll(max_records, 0.0 if self._hurry else self.cfg.batch_timeout_ms / 1000.0)
             history = self.cfg.history_length
             columns = (Columns.from_decoded(polled.columns, self.n_features, history) if polled.columns is not None
                        else Columns.from_records(polled.records, width=self.n_features, history_length=history))
@@ -236,7 +242,16 @@ class TrainerService:
         else:
             idle_s = time.monotonic() - last_input
         batch = good.to_batch(self.cfg.user_buckets, self.cfg.item_buckets)
-        return Round(batch, offsets, rejected, idle_s, stop, self._snapshot_time_due()), good
+        return Round(batch, offsets, rejected, idle_s, stop, self._snapshot_time_due(),
+                     behind=not stop and self.ranks is not None and self._has_backlog()), good
+
+    def _has_backlog(self) -> bool:
+        """Whether this rank's partitions hold records it has not polled (from the high watermarks its
+        fetches brought: no round trip)."""
+        try:
+            return self.source.lag() > 0
+        except Exception:  # lag is a hint for pacing; not knowing it means waiting as before
+            return False
 
     def _agree(self, mine: Round) -> Agreed:
         if self.ranks is None:

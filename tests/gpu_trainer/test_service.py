@@ -11,9 +11,11 @@ import pytest
 
 from core.settings import TrainerSettings
 from gpu_trainer import snapshots
+from gpu_trainer.distributed import Agreed, Round, combine
 from gpu_trainer.service import TrainerService
 from gpu_trainer.snapshots import SnapshotStore
 from schemas.dead_letter import Reject
+from schemas.kafka_io import ConsumedBatch
 from tests.gpu_trainer.fakes import TOPIC, ListOutputs, ListSource, MemoryPointer
 from tests.gpu_trainer.samples import digest, make_samples
 from tests.gpu_trainer.snapshot_damage import DAMAGE, changed_bytes
@@ -249,3 +251,48 @@ def test_interrupted_writes_are_swept_at_start(tmp_path: Path) -> None:
     (debris / "weights.npz").write_bytes(b"x" * 1000)
     service(cfg, ListSource({0: []})).resume()
     assert not debris.exists()
+
+
+class _TimedSource(ListSource):
+    def __init__(self, partitions: dict[int, list[dict]]) -> None:
+        super().__init__(partitions)
+        self.timeouts: list[float] = []
+
+    def poll(self, max_records: int, timeout_s: float) -> ConsumedBatch:
+        self.timeouts.append(timeout_s)
+        return super().poll(max_records, timeout_s)
+
+
+class _PairedRanks:
+    """Rank 0 of two, the other rank's part of each round scripted: a backlog in its first
+    `behind_rounds` rounds, nothing polled, stopping when rank 0 does."""
+
+    rank, world, leader = 0, 2, True
+
+    def __init__(self, behind_rounds: int) -> None:
+        self.round = 0
+        self.behind_rounds = behind_rounds
+
+    def exchange(self, mine: Round) -> Agreed:
+        self.round += 1
+        other = Round(mine.batch.head(0), {}, 0, 0.0, mine.stop, behind=self.round <= self.behind_rounds)
+        return combine([mine, other])
+
+    def from_leader(self, value: object) -> object:
+        return value
+
+    def same_weights(self, arrays: object) -> bool:
+        return True
+
+
+def test_a_rank_that_caught_up_does_not_hold_the_others_backlog_by_its_timeout(tmp_path: Path) -> None:
+    """Rank 0 polls its 300 samples in three rounds, each waiting up to the batch timeout; then, while the
+    other rank still has a backlog (rounds 1-5), it takes what has arrived without waiting; once none
+    has, it waits again."""
+    cfg = config(tmp_path, batch_timeout_ms=50)
+    source = _TimedSource({0: make_samples(300)})
+    trainer = TrainerService(cfg, source, ListOutputs(), MemoryPointer(), SnapshotStore(cfg.snapshot_dir),
+                             ranks=_PairedRanks(behind_rounds=5))  # type: ignore[arg-type]
+    summary = trainer.run(should_stop=lambda: len(source.timeouts) >= 7)
+    assert source.timeouts == [0.05, 0.05, 0.05, 0.0, 0.0, 0.0, 0.05]
+    assert summary.samples_trained == 300
