@@ -108,8 +108,6 @@ class TrainerService:
         self._dirty = False
         self._reverts = 0
         self._gauges_at = 0.0
-        # ranks: another rank had a backlog in the last round and this one had none (see _poll)
-        self._hurry = False
         self._last_snapshot_at = time.monotonic()
         self.written: list[int] = []
         self.promoted: list[int] = []
@@ -178,15 +176,16 @@ class TrainerService:
         # the ranks' polls together make one micro-batch of the configured size
         per_poll = math.ceil(self.cfg.batch_size / (self.ranks.world if self.ranks else 1))
         last_input = time.monotonic()
+        hurry = False  # ranks: another rank had a backlog in the last round and this one had none (see _poll)
         others_stopped = False
         try:
             while True:
                 stop = should_stop() or (max_samples is not None and self.learner.samples_trained >= max_samples)
-                mine, own = self._poll(per_poll, stop, last_input)
+                mine, own = self._poll(per_poll, stop, last_input, hurry)
                 if mine.idle_s == 0.0:
                     last_input = time.monotonic()
                 agreed = self._agree(mine)
-                self._hurry = agreed.behind and not mine.behind
+                hurry = agreed.behind and not mine.behind
                 self._count_dead_letters(agreed.dead_lettered)
                 if agreed.rows:  # every rank steps, on every rank's samples or (exchanging gradients) its own
                     self._train(mine.batch if self.exchange is not None else agreed.batch, agreed, own)
@@ -214,7 +213,7 @@ class TrainerService:
         return RunSummary(self.learner.samples_trained, self.dead_lettered, self.written, self.promoted,
                           self.resumed_from)
 
-    def _poll(self, max_records: int, stop: bool, last_input: float) -> tuple[Round, Columns]:
+    def _poll(self, max_records: int, stop: bool, last_input: float, hurry: bool) -> tuple[Round, Columns]:
         """This process's part of a round: what it polled (nothing once it is to stop), checked, its
         rejects dead-lettered; and its good samples as columns."""
         offsets: Positions = {}
@@ -225,7 +224,7 @@ class TrainerService:
             # A round waits for its slowest rank. While another rank works through a backlog, one that
             # has caught up takes what has arrived instead of waiting out the batch timeout for more:
             # waiting, it held every round of the others' backlog by that timeout.
-            polled = self.source.poll(max_records, 0.0 if self._hurry else self.cfg.batch_timeout_ms / 1000.0)
+            polled = self.source.poll(max_records, 0.0 if hurry else self.cfg.batch_timeout_ms / 1000.0)
             history = self.cfg.history_length
             columns = (Columns.from_decoded(polled.columns, self.n_features, history) if polled.columns is not None
                        else Columns.from_records(polled.records, width=self.n_features, history_length=history))
