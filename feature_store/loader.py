@@ -20,21 +20,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import redis
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
 from core.kafka import cached_lag, ensure_topics, is_transient, producer_config
 from core.settings import Settings
 from feature_store.base import FeatureWriter
+from feature_store.commits import GROUP_MOVED_ON, CommitsFailing, DurableCommits
 from feature_store.telemetry import LoaderMetrics
 from schemas.dead_letter import dead_letter
 from schemas.kafka_io import AvroConsumer, AvroProducer
 
 log = logging.getLogger("rtrec.loader")
 T = TypeVar("T")
-# A commit refused because the group took the partitions away (this loader's session ran out while
-# Kafka was down, or a rebalance): whoever reads them next starts from the last commit.
-_GROUP_MOVED_ON = {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS,
-                   KafkaError.FENCED_INSTANCE_ID, KafkaError._ASSIGNMENT_LOST}
 
 
 @dataclass
@@ -131,13 +128,16 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
     def retried(what: str) -> None:
         m.retries.labels(what=what).inc()
 
+    def send(offsets: dict[tuple[str, int], int]) -> None:
+        consumer.raw.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=True)
+
+    commits = DurableCommits(send, c.commit_lag_s, c.outage_s)
     ensure_topics(c.bootstrap, [c.topic], c.partitions, security=c.security)
     consumer = AvroConsumer(c.bootstrap, c.group_id, None, "FeatureRecord", isolation_level=c.isolation_level,
-                            **{"fetch.min.bytes": 1, "fetch.wait.max.ms": 50,
+                            **{"fetch.min.bytes": 1, "fetch.wait.max.ms": 50, "on_commit": commits.on_commit,
                                "session.timeout.ms": c.session_timeout_ms, **c.security})
     rewound: set[int] = set()
     stats = LoaderStats()
-    pending: deque[tuple[float, dict[tuple[str, int], int]]] = deque()  # (written at, next offsets)
 
     def on_assign(raw: Any, partitions: list[TopicPartition]) -> None:
         if c.from_beginning:  # each partition once: a later rebalance resumes from the commits
@@ -148,33 +148,22 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
         raw.assign(partitions)
 
     def on_taken(raw: Any, partitions: list[TopicPartition]) -> None:
-        # offsets not yet committed can no longer be: their records are read again from the last
-        # commit, and writing them again changes nothing (newest window wins)
-        pending.clear()
+        commits.forget()
 
     consumer.raw.subscribe([c.topic], on_assign=on_assign, on_revoke=on_taken, on_lost=on_taken)
     dead = AvroProducer(producer_config(c.bootstrap, linger_ms=5, **c.security), c.dead_letter_topic, "DeadLetter")
-
-    def commit_durable(all_of_them: bool = False) -> None:
-        durable: dict[tuple[str, int], int] = {}
-        while pending and (all_of_them or time.monotonic() - pending[0][0] >= c.commit_lag_s):
-            durable.update(pending.popleft()[1])
-        if durable:
-            retrying("committing offsets", functools.partial(commit_unless_moved_on, durable), c.outage_s,
-                     on_retry=retried)
 
     def commit_unless_moved_on(offsets: dict[tuple[str, int], int]) -> None:
         try:
             consumer.commit(offsets)
         except KafkaException as exc:
-            if exc.args[0].code() not in _GROUP_MOVED_ON:
+            if exc.args[0].code() not in GROUP_MOVED_ON:
                 raise
-            pending.clear()
             log.warning("offsets not committed, the group has reassigned the partitions (%s): their records "
                         "are read again from the last commit", exc.args[0].str())
 
     def back_to_committed() -> None:
-        pending.clear()
+        commits.forget()
         assigned = consumer.raw.assignment()
         for tp in consumer.raw.committed(assigned, timeout=30) if assigned else []:
             tp.offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
@@ -209,18 +198,23 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
             if got.offsets or not consumer.raw.assignment():  # idle time counts once partitions are ours
                 last = time.monotonic()
             if got.offsets:
-                pending.append((time.monotonic(), got.offsets))
+                commits.written(got.offsets)
                 if on_batch is not None:
                     on_batch(stats)
             elif idle_exit_s is not None and time.monotonic() - last > idle_exit_s:
                 break
-            commit_durable()
+            try:
+                commits.due()
+            except CommitsFailing as exc:
+                raise LoaderError(f"{exc}, giving up") from exc
             if time.monotonic() - lag_at >= 1.0:
                 lag_at = time.monotonic()
                 m.lag.set(cached_lag(consumer.raw, consumer.raw.assignment()))
-        if pending:  # a clean stop: wait until Redis has the last writes on disk, then commit them
-            time.sleep(max(0.0, c.commit_lag_s - (time.monotonic() - pending[-1][0])))
-            commit_durable(all_of_them=True)
+        if commits.pending:  # a clean stop: wait until Redis has the last writes on disk, then commit them
+            time.sleep(commits.durable_in())
+            commits.commit_all_now(lambda offsets: retrying(
+                "committing offsets", functools.partial(commit_unless_moved_on, offsets), c.outage_s,
+                on_retry=retried))
     finally:
         consumer.close()
     return stats
