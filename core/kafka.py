@@ -90,6 +90,17 @@ def refuse_on_authentication_error(err: KafkaError) -> None:
         raise KafkaAuthenticationError(err)
 
 
+# librdkafka's default re-bootstrap decommissions the broker handles once every known broker is down,
+# the group coordinator's among them. After a 30 s outage of a one-broker cluster, about one run in
+# eight here left the Redis loader's consumer with its coordinator request queued and never sent: it
+# never rejoined its group and consumed nothing more, without an error (librdkafka issue 5511 and pull
+# request 5512 describe the same stale coordinator from the transactional API). Without re-bootstrap
+# the client keeps the brokers it knows and reconnects to them, which is what a restarted broker needs.
+# A cluster whose brokers all move to new addresses at once needs re-bootstrap: pass
+# "metadata.recovery.strategy": "rebootstrap" in the extra config.
+_NO_REBOOTSTRAP = {"metadata.recovery.strategy": "none"}
+
+
 def producer_config(bootstrap: str, linger_ms: int = 20, batch_size_bytes: int = 1_000_000,
                     compression: str = "lz4", **extra: Any) -> dict[str, Any]:
     return {
@@ -100,6 +111,7 @@ def producer_config(bootstrap: str, linger_ms: int = 20, batch_size_bytes: int =
         "compression.type": compression,
         "enable.idempotence": True,
         "queue.buffering.max.messages": 1_000_000,
+        **_NO_REBOOTSTRAP,
         **extra,
     }
 
@@ -114,6 +126,7 @@ def consumer_config(bootstrap: str, group_id: str, isolation_level: str = "read_
         "auto.offset.reset": auto_offset_reset,
         "enable.auto.commit": False,
         "isolation.level": isolation_level,
+        **_NO_REBOOTSTRAP,
         **extra,
     }
 
