@@ -55,8 +55,9 @@ class DurableCommits:
     """
 
     def __init__(self, send: Callable[[Offsets], None], commit_lag_s: float, outage_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, on_failure: Callable[[], None] | None = None) -> None:
         self._send = send
+        self._on_failure = on_failure
         self.commit_lag_s = commit_lag_s
         self.outage_s = outage_s
         self._clock = clock
@@ -123,6 +124,8 @@ class DurableCommits:
             if self._failing_since is None:
                 self._failing_since = self._clock()
             log.warning("committing offsets failed (%s); sending them again", error.str())
+            if self._on_failure is not None:
+                self._on_failure()
             self._unsent = {**offsets, **self._unsent}  # newer offsets of the same partition win
         else:
             self._fatal = error

@@ -131,7 +131,7 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
     def send(offsets: dict[tuple[str, int], int]) -> None:
         consumer.raw.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=True)
 
-    commits = DurableCommits(send, c.commit_lag_s, c.outage_s)
+    commits = DurableCommits(send, c.commit_lag_s, c.outage_s, on_failure=lambda: retried("committing offsets"))
     ensure_topics(c.bootstrap, [c.topic], c.partitions, security=c.security)
     consumer = AvroConsumer(c.bootstrap, c.group_id, None, "FeatureRecord", isolation_level=c.isolation_level,
                             **{"fetch.min.bytes": 1, "fetch.wait.max.ms": 50, "on_commit": commits.on_commit,

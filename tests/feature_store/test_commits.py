@@ -16,7 +16,12 @@ class Script:
         self.now = 0.0
         self.sent: list[Offsets] = []
         self.refuse: KafkaError | None = None
-        self.commits = DurableCommits(self.send, commit_lag_s=2.0, outage_s=outage_s, clock=lambda: self.now)
+        self.failures = 0
+        self.commits = DurableCommits(self.send, commit_lag_s=2.0, outage_s=outage_s, clock=lambda: self.now,
+                                      on_failure=self.failed)
+
+    def failed(self) -> None:
+        self.failures += 1
 
     def send(self, offsets: Offsets) -> None:
         if self.refuse is not None:
@@ -58,6 +63,7 @@ def test_a_transient_failure_is_sent_again_once_a_second_with_the_newest_offsets
     assert s.at(4.5)[-1] == {("t", 0): 20, ("t", 1): 3}  # the failed offsets, newer ones winning
     s.answer()
     assert len(s.at(10.0)) == 2 and not s.commits.pending
+    assert s.failures == 1  # counted (the loader's retries metric)
 
 
 def test_a_commit_the_group_refused_is_dropped() -> None:
