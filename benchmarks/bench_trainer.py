@@ -153,8 +153,10 @@ def service_throughput(settings: Settings, n: int, repeats: int = 1) -> None:
 def ranks_throughput(settings: Settings, n: int, rank_counts: list[int], partitions: int = 6,
                      exchange: str = "samples") -> None:
     """Samples/s of the service as 1, 2, 3 torchrun ranks from a backlog (gpu_trainer.distributed), from
-    the ranks' start (after torch's import and the rendezvous) to the final snapshot, less the idle exit;
-    the ranks exchanging `exchange` (trainer.rank_exchange)."""
+    the ranks' start (after torch's import and the rendezvous) to the snapshot taken in the round that
+    trained the last sample (snapshots are due every `n` samples, so that is the first), not to the idle
+    exit's, which comes up to one batch timeout plus the idle time later; the ranks exchanging `exchange`
+    (trainer.rank_exchange)."""
     import os
     import re
     import subprocess
@@ -165,7 +167,7 @@ def ranks_throughput(settings: Settings, n: int, rank_counts: list[int], partiti
 
     idle_s = 2.0
     for ranks in rank_counts:
-        s = isolated(settings, batch_size=4096, snapshot_every_samples=10**9, snapshot_every_s=600.0,
+        s = isolated(settings, batch_size=4096, snapshot_every_samples=n, snapshot_every_s=600.0,
                      rank_exchange=exchange)
         ensure_topics(s.kafka.bootstrap_servers, [s.kafka.topics.samples], partitions)
         produce_samples(s, make_samples(n, seed=9))
@@ -181,8 +183,10 @@ def ranks_throughput(settings: Settings, n: int, rank_counts: list[int], partiti
         starts = [datetime.strptime(m, "%Y-%m-%d %H:%M:%S,%f").timestamp()
                   for m in re.findall(r"^(\S+ \S+) rtrec.trainer (?:rank \d+ of \d+ consumes|consuming)", log, re.M)]
         store = SnapshotStore(s.trainer.snapshot_dir)
-        final = store.manifest(store.latest_version())
-        took = final.created_at / 1000 - min(starts) - idle_s
+        final = store.manifest(store.versions()[0])
+        if final.samples_seen != n:
+            raise RuntimeError(f"the first snapshot has {final.samples_seen} samples, not all {n}")
+        took = final.created_at / 1000 - min(starts)
         suffix = "" if exchange == "samples" else f"_{exchange}"
         emit("trainer", f"service_samples_per_s_mf_b4096_ranks{ranks}{suffix}", final.samples_seen / took,
              "samples/s", final.samples_seen)
