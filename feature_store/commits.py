@@ -28,11 +28,21 @@ from core.kafka import is_transient
 log = logging.getLogger("rtrec.loader")
 # A commit refused because the group took the partitions away (this loader's session ran out while
 # Kafka was down, or a rebalance): whoever reads them next starts from the last commit.
-GROUP_MOVED_ON = {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS,
-                  KafkaError.FENCED_INSTANCE_ID, KafkaError._ASSIGNMENT_LOST}
+_GROUP_MOVED_ON = {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS,
+                   KafkaError.FENCED_INSTANCE_ID, KafkaError._ASSIGNMENT_LOST}
 _RESEND_EVERY_S = 1.0
 
 Offsets = dict[tuple[str, int], int]
+
+
+def refused_by_group(error: KafkaError) -> bool:
+    """Whether a commit failed because the group moved the partitions on (said in the log): nothing to
+    send again, their records are read again from the last commit."""
+    if error.code() not in _GROUP_MOVED_ON:
+        return False
+    log.warning("offsets not committed, the group has reassigned the partitions (%s): their records are read "
+                "again from the last commit", error.str())
+    return True
 
 
 class CommitsFailing(RuntimeError):
@@ -81,7 +91,7 @@ class DurableCommits:
         """The records up to `offsets` (next to read, per partition) are in Redis."""
         self._pending.append((self._clock(), offsets))
 
-    def due(self, all_of_them: bool = False) -> None:
+    def due(self) -> None:
         """Sends what has become durable, unless a commit is still under way; raises CommitsFailing when
         commits have failed, or one has gone unanswered, for longer than `outage_s`."""
         now = self._clock()
@@ -90,7 +100,7 @@ class DurableCommits:
         for since, what in ((self._failing_since, "failed"), (self._in_flight_since, "gone unanswered")):
             if since is not None and now - since > self.outage_s:
                 raise CommitsFailing(f"offset commits have {what} for {self.outage_s:.0f} s")
-        while self._pending and (all_of_them or now - self._pending[0][0] >= self.commit_lag_s):
+        while self._pending and now - self._pending[0][0] >= self.commit_lag_s:
             self._unsent.update(self._pending.popleft()[1])
         resending = self._failing_since is not None
         if not self._unsent or self._in_flight_since is not None or (resending
@@ -114,11 +124,7 @@ class DurableCommits:
         self._result(error or failed, {(tp.topic, tp.partition): tp.offset for tp in partitions})
 
     def _result(self, error: KafkaError | None, offsets: Offsets) -> None:
-        if error is None or error.code() == KafkaError._NO_OFFSET:
-            self._failing_since = None
-        elif error.code() in GROUP_MOVED_ON:
-            log.warning("offsets not committed, the group has reassigned the partitions (%s): their records "
-                        "are read again from the last commit", error.str())
+        if error is None or error.code() == KafkaError._NO_OFFSET or refused_by_group(error):
             self._failing_since = None
         elif is_transient(error):
             if self._failing_since is None:

@@ -25,7 +25,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 from core.kafka import cached_lag, ensure_topics, is_transient, producer_config
 from core.settings import Settings
 from feature_store.base import FeatureWriter
-from feature_store.commits import GROUP_MOVED_ON, CommitsFailing, DurableCommits
+from feature_store.commits import CommitsFailing, DurableCommits, refused_by_group
 from feature_store.telemetry import LoaderMetrics
 from schemas.dead_letter import dead_letter
 from schemas.kafka_io import AvroConsumer, AvroProducer
@@ -157,10 +157,8 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
         try:
             consumer.commit(offsets)
         except KafkaException as exc:
-            if exc.args[0].code() not in GROUP_MOVED_ON:
+            if not refused_by_group(exc.args[0]):
                 raise
-            log.warning("offsets not committed, the group has reassigned the partitions (%s): their records "
-                        "are read again from the last commit", exc.args[0].str())
 
     def back_to_committed() -> None:
         commits.forget()
