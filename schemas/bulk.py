@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
 
@@ -51,20 +51,22 @@ class BulkDecoded:
     float64 with NaN for null when T is numeric, as objects with None when T is a string; an array
     field as a float matrix [rows, width] (cut or zero-padded to the width asked for) with each row's
     own item count in `lengths[name]`; an array of strings or integers (any count per row) as the flat
-    items of all rows in order, each row's count in `lengths[name]`. `rows`: each column row's index in the input;
-    `rejected`: (input index, reason) of the rows that could not be decoded."""
+    items of all rows in order, each row's count in `lengths[name]`; a nullable one of those (`["null",
+    array]`) likewise, a null counting 0 items, and `present[name]` False for it. `rows`: each column row's
+    index in the input; `rejected`: (input index, reason) of the rows that could not be decoded."""
 
     columns: dict[str, np.ndarray]
     lengths: dict[str, np.ndarray]
     rows: np.ndarray
     rejected: list[tuple[int, str]]
+    present: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.rows)
 
 
 def _field_kind(avro_type: Any) -> tuple[str, str]:
-    """(kind, element type): kind is "string", "numeric", "array" or "nullable"."""
+    """(kind, element type): kind is "string", "numeric", "array", "list", "nullable" or "nullable_list"."""
     if isinstance(avro_type, dict):
         items, base = avro_type.get("items"), avro_type.get("type")
         if base == "array" and isinstance(items, str) and items in _FIXED_WIDTH:
@@ -78,6 +80,8 @@ def _field_kind(avro_type: Any) -> tuple[str, str]:
             inner, element = _field_kind(avro_type[1])
             if inner in ("string", "numeric"):
                 return "nullable", element
+            if inner == "list":
+                return "nullable_list", element
     elif avro_type == "string":
         return "string", "string"
     elif avro_type in _NUMERIC:
@@ -125,29 +129,33 @@ class BulkDecoder:
                 kept_slow.append(i)
             except SerdeError as exc:
                 rejected.append((i, exc.reason))
-        columns, lengths = parsed.take(parsed.ok)
+        columns, lengths, present = parsed.take(parsed.ok)
         if records:
-            slow_columns, slow_lengths = self._from_records(records, widths)
+            slow_columns, slow_lengths, slow_present = self._from_records(records, widths)
             order = np.argsort(np.concatenate([ok_rows, kept_slow]), kind="stable")
-            ragged = {name for name, kind, _ in self.fields if kind == "list"}
             for k in columns:
                 both = np.concatenate([columns[k], slow_columns[k]])
                 columns[k] = (take_ragged(both, np.concatenate([lengths[k], slow_lengths[k]]), order)
-                              if k in ragged else both[order])
+                              if k in parsed.ragged else both[order])
             lengths = {k: np.concatenate([lengths[k], slow_lengths[k]])[order] for k in lengths}
+            present = {k: np.concatenate([present[k], slow_present[k]])[order] for k in present}
             rows = np.sort(np.concatenate([ok_rows, kept_slow]))
         else:
             rows = ok_rows
-        return BulkDecoded(columns, lengths, rows.astype(np.int64), rejected)
+        return BulkDecoded(columns, lengths, rows.astype(np.int64), rejected, present)
 
-    def _from_records(self, records: list[dict[str, Any]],
-                      widths: dict[str, int]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    def _from_records(self, records: list[dict[str, Any]], widths: dict[str, int]
+                      ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
         columns: dict[str, np.ndarray] = {}
         lengths: dict[str, np.ndarray] = {}
+        present: dict[str, np.ndarray] = {}
         for name, kind, element in self.fields:
             if name not in self.keep:
                 continue
             got = [r[name] for r in records]
+            if kind == "nullable_list":
+                present[name] = np.array([v is not None for v in got], dtype=bool)
+                got = [v or [] for v in got]
             if kind == "string":
                 columns[name] = np.array(got, dtype=object)
             elif kind == "numeric":
@@ -155,7 +163,7 @@ class BulkDecoder:
             elif kind == "nullable":
                 columns[name] = (np.array(got, dtype=object) if element == "string" else
                                  np.array([np.nan if v is None else _as_number(v) for v in got], dtype=np.float64))
-            elif kind == "list":
+            elif kind in ("list", "nullable_list"):
                 columns[name] = np.array([v for row in got for v in row],
                                          dtype=object if element == "string" else np.int64)
                 lengths[name] = np.array([len(row) for row in got], dtype=np.int64)
@@ -167,7 +175,7 @@ class BulkDecoder:
                     matrix[j, :kept] = row[:kept]
                 columns[name] = matrix
                 lengths[name] = np.array([len(row) for row in got], dtype=np.int64)
-        return columns, lengths
+        return columns, lengths, present
 
 
 def _as_number(value: Any) -> Any:
@@ -195,12 +203,13 @@ class _Parsed:
     ok: np.ndarray  # bool per record
     columns: dict[str, np.ndarray]
     lengths: dict[str, np.ndarray]
+    present: dict[str, np.ndarray]
     ragged: frozenset[str] = frozenset()
 
-    def take(self, mask: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    def take(self, mask: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
         columns = {k: take_ragged(v, self.lengths[k], mask) if k in self.ragged else v[mask]
                    for k, v in self.columns.items()}
-        return columns, {k: v[mask] for k, v in self.lengths.items()}
+        return columns, {k: v[mask] for k, v in self.lengths.items()}, {k: v[mask] for k, v in self.present.items()}
 
 
 def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict[str, int],
@@ -222,6 +231,7 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
     every = np.ones(n, dtype=bool)
     columns: dict[str, np.ndarray] = {}
     lengths: dict[str, np.ndarray] = {}
+    presence: dict[str, np.ndarray] = {}
 
     def varint(active: np.ndarray = every) -> np.ndarray:
         """The zigzag varint at each active record's position (0 elsewhere), which then moves past it."""
@@ -296,10 +306,10 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
         if width:
             ok[varint() != 0] = False  # not the end of the array: more blocks, one by one
 
-    def items(name: str, element: str) -> None:
-        """An array of any count per record, in one block (a negative count, a block with its byte size,
-        or more blocks send the record one by one)."""
-        count = varint()
+    def items(name: str, element: str, active: np.ndarray = every) -> None:
+        """An array of any count per (active) record, in one block (a negative count, a block with its
+        byte size, or more blocks send the record one by one)."""
+        count = varint(active)
         ok[count < 0] = False
         count = np.where(ok, count, 0)
         most = int(count.max()) if n else 0
@@ -322,6 +332,11 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
     for name, kind, element in fields:
         if kind == "list":
             items(name, element)
+        elif kind == "nullable_list":
+            branch = varint()
+            ok[(branch != 0) & (branch != 1)] = False
+            presence[name] = branch == 1
+            items(name, element, branch == 1)
         elif kind == "string":
             columns[name] = string(kept=name in keep)
         elif kind == "numeric":
@@ -341,4 +356,6 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
     ok[pos != ends] = False
     columns = {k: v for k, v in columns.items() if k in keep}
     lengths = {k: v for k, v in lengths.items() if k in keep}
-    return _Parsed(ok, columns, lengths, frozenset(name for name, kind, _ in fields if kind == "list"))
+    presence = {k: v for k, v in presence.items() if k in keep}
+    return _Parsed(ok, columns, lengths, presence,
+                   frozenset(name for name, kind, _ in fields if kind in ("list", "nullable_list")))
