@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:  # columns imports the schemas; the interfaces need only the name
+    from feature_store.columns import FeatureColumns
 
 UNKNOWN_WINDOW_END = -1
 
@@ -62,6 +65,9 @@ class RecentEngagements:
 class FeatureWriter(Protocol):
     def write_batch(self, records: Sequence[Mapping[str, Any]]) -> int:
         """Writes FeatureRecords; returns how many (entity, horizon) slots were updated."""
+
+    def write_columns(self, batch: FeatureColumns) -> int:
+        """The same for FeatureRecords as columns (a batch decoded in bulk)."""
 
 
 class FeatureReader(Protocol):

@@ -19,14 +19,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
+import numpy as np
 import redis
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
 from core.kafka import cached_lag, ensure_topics, is_transient, producer_config
 from core.settings import Settings
 from feature_store.base import FeatureWriter
+from feature_store.columns import FeatureColumns
 from feature_store.commits import CommitsFailing, DurableCommits, refused_by_group
 from feature_store.telemetry import LoaderMetrics
+from schemas.bulk import BulkDecoder
 from schemas.dead_letter import dead_letter
 from schemas.kafka_io import AvroConsumer, AvroProducer
 
@@ -168,24 +171,27 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
             consumer.raw.seek(tp)
         log.warning("Redis is back: writing again from the committed offsets, which it had on disk")
 
+    decoder = BulkDecoder("FeatureRecord")
     last = lag_at = time.monotonic()
     try:
         while not should_stop():
-            got = consumer.poll_batch(max_records=c.batch, timeout_s=c.poll_timeout_s)
-            if got.records:  # the same batch is written until it is in Redis: offsets only move after that
-                slots = retrying("writing to Redis", functools.partial(store.write_batch, got.records),
+            got = consumer.poll_columns(decoder, {}, max_records=c.batch, timeout_s=c.poll_timeout_s)
+            assert got.columns is not None
+            batch = FeatureColumns.of_decoded(got.columns)
+            if len(batch):  # the same batch is written until it is in Redis: offsets only move after that
+                slots = retrying("writing to Redis", functools.partial(store.write_columns, batch),
                                  c.outage_s, on_recovery=back_to_committed, on_retry=retried)
                 readable_at = int(time.time() * 1000)
-                latencies = [readable_at - r["window_end"] for r in got.records]
-                stats.latencies_ms.extend(latencies)
+                latencies = np.sort(readable_at - batch.window_end)
+                stats.latencies_ms.extend(latencies.tolist())
                 stats.slots_written += slots
-                stats.records += len(got.records)
+                stats.records += len(batch)
                 stats.batches += 1
-                m.records.inc(len(got.records))
+                m.records.inc(len(batch))
                 m.slots.inc(slots)
                 m.last_batch.set(readable_at / 1000)
-                m.freshness.labels(quantile="0.5").set(sorted(latencies)[len(latencies) // 2] / 1000)
-                m.freshness.labels(quantile="1").set(max(latencies) / 1000)
+                m.freshness.labels(quantile="0.5").set(int(latencies[len(latencies) // 2]) / 1000)
+                m.freshness.labels(quantile="1").set(int(latencies[-1]) / 1000)
             if got.rejected:
                 now = int(time.time() * 1000)
                 for reject in got.rejected:

@@ -1,9 +1,12 @@
 """Redis implementation of the online store (see keys.py for the layout).
 
-Writes go through one pipeline per batch, one server-side script call per 500 (entity, horizon)
+Writes go out as one request per batch, one server-side script call per 500 (entity, horizon)
 slots: the script replaces a slot only when the incoming window ends at or after the stored one, so
 replays, restarts and backfills never overwrite newer values. Inside a batch the newest window per
-slot is picked before anything is sent.
+slot is picked before anything is sent. The request's bytes are built column by column (a batch
+decoded in bulk, `schemas.bulk`, needs no record objects): every slot of one horizon has the same
+field names, so its arguments are one fixed template with the values copied in, where redis-py's
+pipeline encoded each of twenty arguments per slot in Python.
 
 Every value is stored as 8 bytes, a little-endian float64: a read turns the replies into a matrix
 with one `np.frombuffer`, where decimal text cost a parse per value, and Redis answers faster too
@@ -16,6 +19,7 @@ own work.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import struct
 from collections.abc import Mapping, Sequence
@@ -28,6 +32,7 @@ import redis
 
 from core.settings import RedisSettings
 from feature_store.base import UNKNOWN_WINDOW_END, OnlineFeatures, RecentEngagements
+from feature_store.columns import VALUE_FIELDS, FeatureColumns
 from feature_store.keys import (
     RECENT_FIELD,
     RECENT_HORIZON_S,
@@ -37,13 +42,6 @@ from feature_store.keys import (
     split_feature_name,
     window_end_field,
 )
-from schemas.registry import field_names
-
-# Which FeatureRecord fields name the slot and its window, which carry a user's recent engagements
-# (horizon 0 only); every other field is a stored value.
-SLOT_FIELDS = ("entity_type", "entity_id", "horizon_s", "window_start", "window_end")
-RECENT_FIELDS = ("recent_items", "recent_types", "recent_times_ms")
-VALUE_FIELDS = tuple(f for f in field_names("FeatureRecord") if f not in SLOT_FIELDS + RECENT_FIELDS)
 
 # Many slots per call. KEYS: the entity hashes. ARGV: ttl_s, fields per slot, then per key that
 # many field/value pairs, the window end's first. Values are packed float64s (struct '<d'). A slot
@@ -63,26 +61,11 @@ for k = 1, #KEYS do
 end
 return written
 """
+NEWEST_WINS_SHA = hashlib.sha1(NEWEST_WINS.encode()).hexdigest().encode()  # Redis names a script by it
 VALUE_BYTES = 8
 PACKED_NAN = np.float64(np.nan).tobytes()
 SLOTS_PER_CALL = 500
 ENTITIES_PER_SEND = 10_000  # bounds the request and reply held in memory at once
-
-
-def latest_per_slot(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """Keeps, per (entity_type, entity_id, horizon), the record with the latest window end.
-
-    >>> rs = [{"entity_type": "u", "entity_id": "1", "horizon_s": 3, "window_end": t} for t in (6, 9, 3)]
-    >>> [r["window_end"] for r in latest_per_slot(rs)]
-    [9]
-    """
-    best: dict[tuple[str, str, int], Mapping[str, Any]] = {}
-    for r in records:
-        slot = (r["entity_type"], r["entity_id"], r["horizon_s"])
-        kept = best.get(slot)
-        if kept is None or r["window_end"] >= kept["window_end"]:
-            best[slot] = r
-    return list(best.values())
 
 
 class RedisFeatureStore:
@@ -95,7 +78,6 @@ class RedisFeatureStore:
         self.prefix = key_prefix
         self.ttl_s = ttl_s
         self._client: redis.Redis | None = None
-        self._script: Any = None
 
     @classmethod
     def from_settings(cls, redis_settings: RedisSettings) -> RedisFeatureStore:
@@ -108,54 +90,73 @@ class RedisFeatureStore:
             self._client = redis.Redis.from_url(self.url, **self.connection)
         return self._client
 
-    def _writer(self) -> Any:
-        if self._script is None:
-            self._script = self.client.register_script(NEWEST_WINS)
-        return self._script
-
     def write_batch(self, records: Sequence[Mapping[str, Any]]) -> int:
-        latest = latest_per_slot(records)
-        if not latest:
-            return 0
-        writer = self._writer()
-        pipe = self.client.pipeline(transaction=False)
-        lists = [r for r in latest if r["horizon_s"] == RECENT_HORIZON_S]
-        if lists:
-            latest = [r for r in latest if r["horizon_s"] != RECENT_HORIZON_S]
-            self._queue_lists(writer, pipe, lists)
-        width = 1 + len(VALUE_FIELDS)
-        for start in range(0, len(latest), SLOTS_PER_CALL):
-            chunk = latest[start:start + SLOTS_PER_CALL]
-            keys = [entity_key(self.prefix, r["entity_type"], r["entity_id"]) for r in chunk]
-            packed = np.array([[r["window_end"], *(r[name] for name in VALUE_FIELDS)] for r in chunk],
-                              dtype="<f8").tobytes()
-            args: list[Any] = [self.ttl_s, width]
-            at = 0
-            for r in chunk:
-                for field in _slot_fields(r["horizon_s"]):
-                    args += (field, packed[at:at + VALUE_BYTES])
-                    at += VALUE_BYTES
-            writer(keys=keys, args=args, client=pipe)
-        try:
-            results = pipe.execute()
-        except redis.exceptions.NoScriptError:
-            self._script = None
-            return self.write_batch(records)
-        return int(sum(results))
+        """Writes FeatureRecords (dicts); returns how many slots were replaced."""
+        return self.write_columns(FeatureColumns.of_records(records))
 
-    def _queue_lists(self, writer: Any, pipe: Any, lists: Sequence[Mapping[str, Any]]) -> None:
-        """Users' recent engagements into `pipe`, newest window wins as for the other slots."""
-        end_field = window_end_field(RECENT_HORIZON_S)
-        for start in range(0, len(lists), SLOTS_PER_CALL):
-            chunk = lists[start:start + SLOTS_PER_CALL]
-            args: list[Any] = [self.ttl_s, 2]
-            for r in chunk:
-                listed = {"items": r["recent_items"] or [], "types": r["recent_types"] or [],
-                          "times_ms": r["recent_times_ms"] or []}
-                args += (end_field, struct.pack("<d", r["window_end"]), RECENT_FIELD,
-                         json.dumps(listed, separators=(",", ":")))
-            writer(keys=[entity_key(self.prefix, r["entity_type"], r["entity_id"]) for r in chunk], args=args,
-                   client=pipe)
+    def write_columns(self, batch: FeatureColumns) -> int:
+        """Writes a batch of FeatureRecords as columns; returns how many slots were replaced."""
+        if not len(batch):
+            return 0
+        keys = batch.keys(self.prefix)
+        rows = batch.newest_per_slot(keys)
+        horizons = batch.horizon_s[rows]
+        commands: list[bytes] = []
+        for horizon in np.unique(horizons).tolist():
+            of_horizon = rows[horizons == horizon]
+            for start in range(0, len(of_horizon), SLOTS_PER_CALL):
+                chunk = of_horizon[start:start + SLOTS_PER_CALL]
+                chunk_keys = [keys[i] for i in chunk.tolist()]
+                if horizon == RECENT_HORIZON_S:
+                    commands.append(self._lists_command(batch, chunk, chunk_keys))
+                else:
+                    commands.append(self._values_command(horizon, batch.values(chunk), chunk_keys))
+        return sum(self._send_scripts(commands))
+
+    def _values_command(self, horizon_s: int, values: np.ndarray, keys: list[bytes]) -> bytes:
+        """One call of the script for slots of one horizon: `values` [slots, window end + values]."""
+        template, value_at = _slot_template(horizon_s)
+        args = np.tile(template, (len(values), 1))
+        packed = np.ascontiguousarray(values, dtype="<f8").view(np.uint8).reshape(len(values), -1, VALUE_BYTES)
+        args[:, value_at + np.arange(VALUE_BYTES)[None, :]] = packed
+        return self._script_call(keys, [self.ttl_s, len(value_at)], args.tobytes(), len(keys) * 2 * len(value_at))
+
+    def _lists_command(self, batch: FeatureColumns, rows: np.ndarray, keys: list[bytes]) -> bytes:
+        """One call of the script for users' recent engagements, newest window wins as for the other slots."""
+        end_field, recent_field = window_end_field(RECENT_HORIZON_S).encode(), RECENT_FIELD.encode()
+        parts: list[bytes] = []
+        for row in rows.tolist():
+            listed = json.dumps(batch.recent(row), separators=(",", ":")).encode()
+            parts += (end_field, struct.pack("<d", batch.window_end[row]), recent_field, listed)
+        return self._script_call(keys, [self.ttl_s, 2], _bulk_strings(parts), len(parts))
+
+    def _script_call(self, keys: list[bytes], head_args: list[int], args: bytes, n_args: int) -> bytes:
+        """EVALSHA of the newest-wins script in RESP: the keys, `head_args`, then `args` (already RESP)."""
+        head = [str(a).encode() for a in head_args]
+        return (b"*%d\r\n$7\r\nEVALSHA\r\n" % (3 + len(keys) + len(head) + n_args)
+                + _bulk_strings([NEWEST_WINS_SHA, b"%d" % len(keys), *keys, *head]) + args)
+
+    def _send_scripts(self, commands: list[bytes], loaded: bool = False) -> list[int]:
+        """Sends the script calls in one round trip; their replies (slots replaced per call). A Redis that
+        lost its scripts (restarted) gets the script again and every call again: replacing only by a
+        newer or equal window end makes the second sending harmless."""
+        pool = self.client.connection_pool
+        connection = pool.get_connection()
+        try:
+            connection.send_packed_command(commands)
+            replies = _each_reply(connection, len(commands))
+        except BaseException:
+            connection.disconnect()  # unread replies must not answer the next caller's command
+            raise
+        finally:
+            pool.release(connection)
+        errors = [r for r in replies if isinstance(r, Exception)]
+        if not loaded and any(str(e).startswith("NOSCRIPT") for e in errors):
+            self.client.script_load(NEWEST_WINS)
+            return self._send_scripts(commands, loaded=True)
+        if errors:
+            raise redis.ResponseError(f"writing features: {errors[0]}")
+        return [int(r) for r in replies]
 
     def get_recent_engagements(self, user_ids: Sequence[str]) -> list[RecentEngagements | None]:
         pipe = self.client.pipeline(transaction=False)
@@ -206,6 +207,22 @@ class RedisFeatureStore:
             pool.release(connection)
 
 
+@functools.cache
+def _slot_template(horizon_s: int) -> tuple[np.ndarray, np.ndarray]:
+    """The RESP arguments of one slot of `horizon_s` (field, value, field, value...) with zeros for the
+    values, and the byte offset of each value in it."""
+    template, value_at = b"", []
+    for field in _slot_fields(horizon_s):
+        template += _bulk_strings([field.encode()]) + b"$%d\r\n" % VALUE_BYTES
+        value_at.append(len(template))
+        template += bytes(VALUE_BYTES) + b"\r\n"
+    return np.frombuffer(template, dtype=np.uint8), np.array(value_at)[:, None]
+
+
+def _bulk_strings(parts: Sequence[bytes]) -> bytes:
+    return b"".join([b"$%d\r\n%s\r\n" % (len(p), p) for p in parts])
+
+
 @dataclass(frozen=True)
 class _ReadPlan:
     """What one list of feature names turns into on the wire, worked out once per list."""
@@ -233,27 +250,41 @@ def _read_plan(names: tuple[str, ...]) -> _ReadPlan:
 
 
 def _read_replies(connection: redis.Connection, n: int) -> list[bytes | None]:
-    """The next `n` array replies, concatenated. Parsed straight off the socket by hiredis: redis-py's
-    per-reply read_response costs about as much as Redis takes to answer."""
+    """The next `n` array replies, concatenated."""
+    flat: list[bytes | None] = []
+    for reply in _each_reply(connection, n):
+        if isinstance(reply, Exception):
+            raise redis.ResponseError(str(reply))
+        flat += reply
+    return flat
+
+
+def _each_reply(connection: redis.Connection, n: int) -> list[Any]:
+    """The next `n` replies, an error reply as an exception object. Parsed straight off the socket by
+    hiredis: redis-py's per-reply read_response costs about as much as Redis takes to answer."""
     sock = getattr(connection, "_sock", None)
+    replies: list[Any] = []
     if sock is None:  # a redis-py without the private socket: its own parser, slower, same replies
-        flat: list[bytes | None] = []
         for _ in range(n):
-            flat += connection.read_response()
-        return flat
+            try:
+                replies.append(connection.read_response())
+            except redis.ResponseError as exc:
+                replies.append(exc)
+        return replies
     reader = hiredis.Reader()
-    flat = []
-    while n:
-        chunk = sock.recv(1 << 20)
+    while len(replies) < n:
+        try:
+            chunk = sock.recv(1 << 20)
+        except TimeoutError as exc:  # as redis-py's own reads: a retryable error, not an OSError
+            raise redis.TimeoutError(f"reading from Redis: {exc}") from exc
+        except OSError as exc:
+            raise redis.ConnectionError(f"reading from Redis: {exc}") from exc
         if not chunk:
             raise redis.ConnectionError("Redis closed the connection during a read")
         reader.feed(chunk)
-        while n:
+        while len(replies) < n:
             reply = reader.gets()
             if reply is False:
                 break
-            if isinstance(reply, Exception):
-                raise redis.ResponseError(str(reply))
-            flat += reply
-            n -= 1
-    return flat
+            replies.append(reply)
+    return replies

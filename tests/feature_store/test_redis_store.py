@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import struct
 
 import numpy as np
@@ -108,3 +109,66 @@ def test_recent_engagements_are_kept_per_user_newest_window_wins_beside_the_feat
     # the user's features are untouched and still read, the list shares their key and its TTL
     assert store.get_online_features("user", ["r1"], ["60s.clicks"]).values.tolist() == [[2.0]]
     assert 0 < store.client.ttl(entity_key(settings.redis.key_prefix, "user", "r1")) <= 600
+
+
+def test_a_redis_that_lost_its_scripts_gets_the_script_again(store: RedisFeatureStore) -> None:
+    assert store.write_batch([record("s1", 9000, 2)]) == 1
+    store.client.script_flush()  # as after a restart without the script
+    assert store.write_batch([record("s1", 12_000, 5), record("s2", 9000, 1)]) == 2
+    assert store.get_online_features("user", ["s1", "s2"], ["60s.clicks"]).values.tolist() == [[5.0], [1.0]]
+
+
+def test_an_error_reply_is_raised_and_the_connection_stays_usable(store: RedisFeatureStore,
+                                                                   settings: Settings) -> None:
+    store.client.set(entity_key(settings.redis.key_prefix, "user", "str"), "x")
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        store.write_batch([record("w1", 9000, 2), record("str", 9000, 2)])
+    assert store.write_batch([record("w2", 9000, 7)]) == 1
+    assert store.get_online_features("user", ["w2"], ["60s.clicks"]).values.tolist() == [[7.0]]
+
+
+def test_a_batch_decoded_in_bulk_writes_what_its_records_write(settings: Settings) -> None:
+    from feature_store.columns import FeatureColumns
+    from schemas.bulk import BulkDecoder
+    from schemas.serde import serializer
+
+    rng = np.random.default_rng(3)
+    records = []
+    for k in range(3000):
+        end = int(rng.integers(1, 40)) * 3000
+        if k % 5 == 0:
+            count = int(rng.integers(0, 4))
+            records.append(recent(f"u{k % 97}", end, [f"i{k}-{j}" for j in range(count)], [end - 7] * count))
+        else:
+            records.append(record(f"e{k % 211}", end, int(rng.integers(0, 9)), horizon_s=int(rng.choice([3, 60, 600])),
+                                  entity_type=("user", "item", "user_item")[k % 3]))
+    enc = serializer("FeatureRecord")
+    decoded = BulkDecoder("FeatureRecord").decode([enc(r) for r in records], [enc.header_value] * len(records))
+    assert len(decoded) == len(records)
+    by_records = RedisFeatureStore(settings.redis.url, settings.redis.key_prefix + "-records", ttl_s=600)
+    by_columns = RedisFeatureStore(settings.redis.url, settings.redis.key_prefix + "-columns", ttl_s=600)
+    written = by_records.write_batch(records)
+    assert by_columns.write_columns(FeatureColumns.of_decoded(decoded)) == written > 0
+
+    def state(prefix: str) -> dict:
+        return {key[len(prefix):]: by_records.client.hgetall(key) for key in by_records.client.scan_iter(f"{prefix}:*")}
+
+    records_state = state(settings.redis.key_prefix + "-records")
+    assert records_state == state(settings.redis.key_prefix + "-columns")
+    # and what the newest-wins rule keeps, worked out here record by record
+    expected: dict[bytes, dict[bytes, bytes]] = {}
+    newest: dict[tuple[str, int], int] = {}
+    for r in records:
+        key = f":f:{r['entity_type']}:{r['entity_id']}".encode()
+        slot = (r["entity_type"] + r["entity_id"], r["horizon_s"])
+        if r["window_end"] < newest.get(slot, -1):
+            continue
+        newest[slot] = r["window_end"]
+        fields = expected.setdefault(key, {})
+        fields[f"{r['horizon_s']}s.__we".encode()] = struct.pack("<d", r["window_end"])
+        if r["horizon_s"] == 0:
+            listed = {"items": r["recent_items"], "types": r["recent_types"], "times_ms": r["recent_times_ms"]}
+            fields[b"recent"] = json.dumps(listed, separators=(",", ":")).encode()
+        else:
+            fields[f"{r['horizon_s']}s.clicks".encode()] = struct.pack("<d", r["clicks"])
+    assert {k: {f: v for f, v in fields.items() if f in expected[k]} for k, fields in records_state.items()} == expected

@@ -1,0 +1,100 @@
+"""A batch of FeatureRecords as columns: what the Redis writer reads, from a bulk-decoded batch
+(`schemas.bulk`) without a record object per row, or from records.
+
+>>> batch = FeatureColumns.of_records([
+...     {"entity_type": "user", "entity_id": "u1", "horizon_s": 3, "window_end": t, "impressions": t // 1000,
+...      "clicks": 0, "likes": 0, "carts": 0, "orders": 0, "ctr": 0.0, "dwell_sum_ms": 0, "dwell_mean_ms": 0.0,
+...      "distinct_counterparts": 1} for t in (6000, 9000, 3000)])
+>>> keys = batch.keys("p")
+>>> keys[0], batch.newest_per_slot(keys).tolist(), batch.values(np.array([1]))[0, :2].tolist()
+(b'p:f:user:u1', [1], [9000.0, 9.0])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from feature_store.keys import entity_key_prefix
+from schemas.bulk import BulkDecoded
+from schemas.registry import field_names
+
+# Which FeatureRecord fields name the slot and its window, which carry a user's recent engagements
+# (horizon 0 only); every other field is a stored value.
+SLOT_FIELDS = ("entity_type", "entity_id", "horizon_s", "window_start", "window_end")
+RECENT_FIELDS = ("recent_items", "recent_types", "recent_times_ms")
+VALUE_FIELDS = tuple(f for f in field_names("FeatureRecord") if f not in SLOT_FIELDS + RECENT_FIELDS)
+# the JSON names of a user's recent-engagements lists (feature_store.keys)
+_RECENT_JSON = {"recent_items": "items", "recent_types": "types", "recent_times_ms": "times_ms"}
+
+
+@dataclass(frozen=True)
+class FeatureColumns:
+    """One row per FeatureRecord. `recent`: per list field, its flat items and each row's count
+    (a null list counts 0)."""
+
+    entity_type: np.ndarray  # objects (str)
+    entity_id: np.ndarray  # objects (str)
+    horizon_s: np.ndarray  # int64
+    window_end: np.ndarray  # int64, epoch ms
+    value_columns: dict[str, np.ndarray]  # VALUE_FIELDS
+    recent_items: dict[str, tuple[np.ndarray, np.ndarray]]
+
+    def __len__(self) -> int:
+        return len(self.horizon_s)
+
+    @classmethod
+    def of_decoded(cls, decoded: BulkDecoded) -> FeatureColumns:
+        c = decoded.columns
+        return cls(c["entity_type"], c["entity_id"], c["horizon_s"], c["window_end"],
+                   {name: c[name] for name in VALUE_FIELDS},
+                   {name: (c[name], decoded.lengths[name]) for name in RECENT_FIELDS})
+
+    @classmethod
+    def of_records(cls, records: Sequence[Mapping[str, Any]]) -> FeatureColumns:
+        def column(name: str, dtype: Any) -> np.ndarray:
+            return np.array([r[name] for r in records], dtype=dtype)
+
+        recent = {}
+        for name in RECENT_FIELDS:
+            lists = [r.get(name) or [] for r in records]
+            recent[name] = (np.array([v for row in lists for v in row], dtype=object),
+                            np.array([len(row) for row in lists], dtype=np.int64))
+        return cls(column("entity_type", object), column("entity_id", object), column("horizon_s", np.int64),
+                   column("window_end", np.int64), {name: column(name, np.float64) for name in VALUE_FIELDS},
+                   recent)
+
+    def keys(self, prefix: str) -> list[bytes]:
+        """Each row's Redis key (feature_store.keys.entity_key), encoded."""
+        return [(entity_key_prefix(prefix, t) + i).encode()
+                for t, i in zip(self.entity_type.tolist(), self.entity_id.tolist(), strict=True)]
+
+    def newest_per_slot(self, keys: Sequence[bytes]) -> np.ndarray:
+        """The rows to write: per (key, horizon), the one with the latest window end (of equal ends,
+        the last), as the store would keep them written one after the other."""
+        order = np.argsort(self.window_end, kind="stable")
+        horizons = self.horizon_s.tolist()
+        # visited oldest first, so each slot keeps the last row it meets
+        newest = {(keys[i], horizons[i]): i for i in order.tolist()}
+        return np.sort(np.fromiter(newest.values(), dtype=np.int64, count=len(newest)))
+
+    def values(self, rows: np.ndarray) -> np.ndarray:
+        """[rows, 1 + VALUE_FIELDS]: the window end, then the values, as float64."""
+        return np.column_stack([self.window_end[rows], *(self.value_columns[n][rows] for n in VALUE_FIELDS)]
+                               ).astype(np.float64)
+
+    def recent(self, row: int) -> dict[str, list[Any]]:
+        """Row `row`'s recent-engagements lists, by their JSON names."""
+        listed = {}
+        for name, (flat, counts) in self.recent_items.items():
+            start = self._recent_starts[name][row]
+            listed[_RECENT_JSON[name]] = flat[start:start + counts[row]].tolist()
+        return listed
+
+    @cached_property
+    def _recent_starts(self) -> dict[str, np.ndarray]:
+        return {name: np.cumsum(counts) - counts for name, (_, counts) in self.recent_items.items()}
