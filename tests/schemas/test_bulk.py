@@ -14,8 +14,10 @@ from schemas.serde import SerdeError, Serializer, deserializer, serializer
 from tests.gpu_trainer.samples import make_samples
 
 
-def one_by_one(values: list[bytes | None], headers: list[bytes | None]) -> tuple[list[int], list[dict], list[int]]:
-    decode = deserializer("TrainingSample")
+def one_by_one(values: list[bytes | None], headers: list[bytes | None],
+               schema_name: str = "TrainingSample") -> tuple[list[int], list[dict], list[int]]:
+    """Each value decoded alone: the input index of each good record, the records, the rejected indices."""
+    decode = deserializer(schema_name)
     rows, records, rejected = [], [], []
     for i, (v, h) in enumerate(zip(values, headers, strict=True)):
         try:

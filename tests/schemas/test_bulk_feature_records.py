@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from schemas.bulk import BulkDecoder
-from schemas.serde import SerdeError, deserializer, serializer
+from schemas.serde import serializer
+from tests.schemas.test_bulk import one_by_one
 
 LISTS = ("recent_items", "recent_types", "recent_times_ms")
 
@@ -35,14 +36,7 @@ def feature_records(n: int, seed: int) -> list[dict]:
 
 def assert_same(values: list[bytes | None], headers: list[bytes | None]) -> None:
     got = BulkDecoder("FeatureRecord").decode(values, headers)
-    decode = deserializer("FeatureRecord")
-    rows, records, rejected = [], [], []
-    for i, (v, h) in enumerate(zip(values, headers, strict=True)):
-        try:
-            records.append(decode(v, h))
-            rows.append(i)
-        except SerdeError:
-            rejected.append(i)
+    rows, records, rejected = one_by_one(values, headers, "FeatureRecord")
     assert got.rows.tolist() == rows
     assert [i for i, _ in got.rejected] == rejected
     starts = {name: np.cumsum(got.lengths[name]) - got.lengths[name] for name in LISTS}
