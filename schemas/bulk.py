@@ -329,22 +329,24 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
             columns[name] = got[np.arange(most)[None, :] < count[:, None]]
             lengths[name] = count
 
+    def not_null() -> np.ndarray:
+        """The branch of a `["null", T]` union: True where it holds a T (a branch other than 0 or 1: not ok)."""
+        branch = varint()
+        ok[(branch != 0) & (branch != 1)] = False
+        return branch == 1
+
     for name, kind, element in fields:
         if kind == "list":
             items(name, element)
         elif kind == "nullable_list":
-            branch = varint()
-            ok[(branch != 0) & (branch != 1)] = False
-            presence[name] = branch == 1
-            items(name, element, branch == 1)
+            presence[name] = not_null()
+            items(name, element, presence[name])
         elif kind == "string":
             columns[name] = string(kept=name in keep)
         elif kind == "numeric":
             columns[name] = number(element)
         elif kind == "nullable":
-            branch = varint()
-            ok[(branch != 0) & (branch != 1)] = False
-            present = branch == 1
+            present = not_null()
             if element == "string":
                 strings = string(present)
                 strings[~present] = None
