@@ -43,8 +43,9 @@ class LoaderStats:
     rejected: int = 0
     batches: int = 0
     # per record, the newest million (a loader runs for weeks): wall-clock ms when it became readable
-    # in Redis minus its window end
+    # in Redis minus its window end, and the record's horizon (0: a user's recent list)
     latencies_ms: deque[int] = field(default_factory=lambda: deque(maxlen=1_000_000))
+    horizons_s: deque[int] = field(default_factory=lambda: deque(maxlen=1_000_000))
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,7 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
                 readable_at = int(time.time() * 1000)
                 latencies = readable_at - batch.window_end
                 stats.latencies_ms.extend(latencies.tolist())
+                stats.horizons_s.extend(batch.horizon_s.tolist())
                 latencies.sort()  # for the metrics' quantiles, after the per-record figures are kept
                 stats.slots_written += slots
                 stats.records += len(batch)

@@ -27,7 +27,7 @@ from gpu_trainer.learner import Learner
 from gpu_trainer.prequential import ScoreLog
 from gpu_trainer.service import TrainerService
 from gpu_trainer.snapshots import SnapshotStore
-from rtrec.reports import Comparison, compare_with_frozen, demo_plots
+from rtrec.reports import Comparison, Freshness, compare_with_frozen, demo_plots
 from rtrec.services import manager
 from rtrec.sources.produce import produce_synthetic
 from schemas.kafka_io import read_topic
@@ -49,7 +49,7 @@ class DemoResult:
     promoted: list[int] = field(default_factory=list)
     samples_trained: int = 0
     comparison: Comparison | None = None
-    feature_latency_ms: list[int] = field(default_factory=list)
+    freshness: Freshness = field(default_factory=lambda: Freshness.of([], [], 0))
     trainer_freshness_s: float | None = None
     plots: list[Path] = field(default_factory=list)
 
@@ -120,7 +120,7 @@ def run_demo(base: Settings, seconds: float, rate: float, say: Callable[[str], N
         with contextlib.suppress(Exception):
             client.cancel().result()
     _collect(s, result, trainer, loader_stats, store, logs)
-    result.plots = demo_plots(result.comparison, result.feature_latency_ms, out_dir)
+    result.plots = demo_plots(result.comparison, result.freshness, out_dir)
     return result
 
 
@@ -170,7 +170,8 @@ def _collect(s: Settings, result: DemoResult, trainer: TrainerService, loader_st
     if loader_stats:
         result.feature_records = loader_stats[0].records
         result.redis_slots = loader_stats[0].slots_written
-        result.feature_latency_ms = list(loader_stats[0].latencies_ms)
+        result.freshness = Freshness.of(loader_stats[0].latencies_ms, loader_stats[0].horizons_s,
+                                        s.flink.watermark_delay_ms)
     result.redis_keys = sum(1 for _ in store.client.scan_iter(f"{s.redis.key_prefix}:f:*", count=10_000))
     result.snapshots, result.promoted = trainer.written, trainer.promoted
     result.samples_trained = trainer.learner.samples_trained

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-import numpy as np
 
 from core.settings import Settings
 from rtrec.cli.signals import graceful_stop
@@ -29,7 +28,6 @@ def demo_command(settings: Settings, seconds: float, rate: float, out_dir: Path)
             r = run_demo(settings, seconds, rate, say=click.echo, out_dir=out_dir)
     except ServiceError as exc:
         raise click.ClickException(str(exc)) from exc
-    lat = np.array(r.feature_latency_ms) / 1000.0
     click.echo("\n== summary ==")
     click.echo(f"run               {r.run_id}")
     click.echo(f"events            {r.events}")
@@ -49,8 +47,8 @@ def demo_command(settings: Settings, seconds: float, rate: float, out_dir: Path)
         click.echo(f"  frozen v{c.frozen_version:<8} {auc_text(c.frozen_auc)}  per bucket "
                    + " ".join(auc_text(b.frozen) for b in c.buckets))
     click.echo(f"snapshots         {len(r.snapshots)} written, promoted {r.promoted}")
-    if len(lat):
-        click.echo(f"feature freshness window end -> Redis p50 {np.median(lat):.2f}s p99 {np.percentile(lat, 99):.2f}s")
+    for line in r.freshness.lines():
+        click.echo(f"feature freshness window close -> Redis, {line}")
     if r.trainer_freshness_s is not None:
         click.echo(f"model freshness   newest event in the current snapshot was {r.trainer_freshness_s:.1f}s old")
     for path in r.plots:

@@ -11,6 +11,7 @@ from feature_store.loader import LoaderConfig, run_loader
 from feature_store.redis_store import RedisFeatureStore
 from flink_jobs.monitor import FlinkRest, mini_cluster_rest_url
 from schemas.feature_set import FEATURE_NAMES
+from schemas.kafka_io import read_topic
 from tests.flink_jobs.harness import T, create_topics, event, job_settings, produce, running_job, wait_for
 
 pytestmark = pytest.mark.integration
@@ -143,8 +144,12 @@ def check_recent_lists(s: Settings, records: list[dict]) -> None:
         ("u3", 15_000): [("i6", "click", 13_000), *u3],
     }
     assert all(r["recent_items"] is None for r in records if r["horizon_s"] != 0)
-    run_loader(LoaderConfig.from_settings(s, isolation_level="read_committed"),
-               RedisFeatureStore.from_settings(s.redis), idle_exit_s=2.0)
+    loaded = run_loader(LoaderConfig.from_settings(s, isolation_level="read_committed"),
+                        RedisFeatureStore.from_settings(s.redis), idle_exit_s=2.0)
+    # freshness is kept per record with its horizon, so lists (0) and windows are told apart
+    loaded_topic = read_topic(s.kafka.bootstrap_servers, s.kafka.topics.features, "FeatureRecord").records
+    assert sorted(loaded.horizons_s) == sorted(r["horizon_s"] for r in loaded_topic)
+    assert len(loaded.latencies_ms) == loaded.records == len(loaded_topic) and 0 in loaded.horizons_s
     u1, u3_now, nobody = RedisFeatureStore.from_settings(s.redis).get_recent_engagements(["u1", "u3", "u2"])
     assert nobody is None and u1 is not None and u3_now is not None
     assert u1.as_of_ms == T + 9000

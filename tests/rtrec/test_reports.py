@@ -12,7 +12,7 @@ from gpu_trainer.prequential import ScoreLog, auc
 from gpu_trainer.scoring import load_snapshot
 from gpu_trainer.service import TrainerService
 from gpu_trainer.snapshots import SnapshotStore
-from rtrec.reports import compare_with_frozen, demo_plots
+from rtrec.reports import Freshness, compare_with_frozen, demo_plots
 from tests.gpu_trainer.fakes import ListOutputs, ListSource, MemoryPointer
 from tests.gpu_trainer.samples import make_samples
 
@@ -52,6 +52,6 @@ def test_both_models_are_scored_on_the_same_samples_per_bucket(tmp_path: Path) -
     # on this stream the model keeps learning after its first snapshot
     assert c.realtime_auc is not None and c.frozen_auc is not None and c.realtime_auc > c.frozen_auc
 
-    paths = demo_plots(c, [1000, 1500], tmp_path / "plots")
+    paths = demo_plots(c, Freshness.of([2500, 3000, 6100], [3, 60, 0], 2000), tmp_path / "plots")
     assert [p.name for p in paths] == ["auc_over_time.png", "feature_freshness.png"]
     assert all(p.stat().st_size > 5000 for p in paths)
