@@ -144,6 +144,8 @@ OPTION_CASES: dict[str, dict[str, Any]] = {
     "checkpoint_30s": {"checkpoint_interval_ms": 30_000},
     "fetch_1MiB": {"source_fetch_bytes": 1 << 20},
     "object_reuse": {"config": {"pipeline.object-reuse": "true"}},
+    # local pre-aggregation before the keyed windows, Flink's default (the job sets ONE_PHASE)
+    "two_phase_agg": {"config": {"table.optimizer.agg-phase-strategy": "AUTO"}},
     "parallelism_2": {"parallelism": 2},  # the embedded cluster's; the events topic has 2 partitions
 }
 
@@ -389,6 +391,8 @@ def main() -> None:
     parser.add_argument("--loader-rows", type=int, default=200_000)
     parser.add_argument("--fresh-seconds", type=float, default=20.0)
     parser.add_argument("--fresh-rate", type=float, default=2000.0)
+    parser.add_argument("--fresh-cases", default="uncommitted-5000,committed-5000,committed-500",
+                        help="--only freshness: the loader's isolation and the checkpoint interval (ms) per case")
     parser.add_argument("--use-running-services", action="store_true")
     parser.add_argument("--only", default="pipeline,loader,freshness,reads")
     parser.add_argument("--rounds", type=int, default=2, help="--only options: runs per case")
@@ -405,9 +409,9 @@ def main() -> None:
             # run that warms the JVM
             freshness(settings, min(args.fresh_seconds, 10.0), args.fresh_rate, 5000, "read_uncommitted",
                       measured=False)
-            for checkpoint_ms, isolation in ((5000, "read_uncommitted"), (5000, "read_committed"),
-                                             (500, "read_committed")):
-                freshness(settings, args.fresh_seconds, args.fresh_rate, checkpoint_ms, isolation)
+            for case in args.fresh_cases.split(","):
+                isolation, checkpoint_ms = case.rsplit("-", 1)
+                freshness(settings, args.fresh_seconds, args.fresh_rate, int(checkpoint_ms), f"read_{isolation}")
         if "pipeline" in only:
             pipeline(settings, args.events)
         if "stages" in only:  # not in the default list: it is a profile, not a target

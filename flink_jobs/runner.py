@@ -16,6 +16,10 @@ from flink_jobs.feature_job import build_job
 log = logging.getLogger("rtrec.flink")
 
 
+class IncompatibleCheckpoint(RuntimeError):
+    """The newest checkpoint holds state of operators the job being started does not have."""
+
+
 def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
     """The newest complete checkpoint (`<dir>/<job id>/chk-N/_metadata`) of any earlier run."""
     newest, newest_mtime = None, -1.0
@@ -46,4 +50,17 @@ def start_job(settings: Settings, resume: bool = True, log_range: LogRange | Non
     if checkpoint is not None:
         log.info("resuming from checkpoint %s", checkpoint)
         t_env.get_config().set("execution.state-recovery.path", str(checkpoint))
-    return build_job(settings, t_env, log_range=log_range, job_id=job_id, with_samples=with_samples).execute()
+    statements = build_job(settings, t_env, log_range=log_range, job_id=job_id, with_samples=with_samples)
+    try:
+        return statements.execute()
+    except Exception as exc:
+        # Flink SQL keeps no state compatibility across plans: other windows, horizons or flink.config
+        # (such as the aggregation phases, README "One-phase window aggregation") give other operators
+        if checkpoint is not None and "Cannot map checkpoint/savepoint state" in str(exc):
+            raise IncompatibleCheckpoint(
+                f"checkpoint {checkpoint} was written by a job of another shape (other windows, horizons or "
+                "flink.config, or an earlier build), so its state does not map onto this one. Run with the "
+                "settings it was written with, or with --fresh: the job then starts from the consumer "
+                "group's committed offsets, and the windows open at that checkpoint count only what follows"
+            ) from None
+        raise

@@ -42,10 +42,13 @@ def _run_job(settings: Settings, fresh: bool, no_loader: bool, stop: threading.E
 
     from feature_store.loader import LoaderConfig, run_loader
     from flink_jobs.monitor import RunningJob, mini_cluster_rest_url
-    from flink_jobs.runner import start_job
+    from flink_jobs.runner import IncompatibleCheckpoint, start_job
     from flink_jobs.watch import ENDED, JobWatch
 
-    result = start_job(settings, resume=not fresh)
+    try:
+        result = start_job(settings, resume=not fresh)
+    except IncompatibleCheckpoint as exc:
+        raise click.ClickException(str(exc)) from None
     client = result.get_job_client()
     rest_url = mini_cluster_rest_url(client)
     running = RunningJob(str(client.get_job_id()), rest_url, os.getpid()) if rest_url else None
