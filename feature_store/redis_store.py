@@ -140,16 +140,7 @@ class RedisFeatureStore:
         """Sends the script calls in one round trip; their replies (slots replaced per call). A Redis that
         lost its scripts (restarted) gets the script again and every call again: replacing only by a
         newer or equal window end makes the second sending harmless."""
-        pool = self.client.connection_pool
-        connection = pool.get_connection()
-        try:
-            connection.send_packed_command(commands)
-            replies = _each_reply(connection, len(commands))
-        except BaseException:
-            connection.disconnect()  # unread replies must not answer the next caller's command
-            raise
-        finally:
-            pool.release(connection)
+        replies = self._round_trip(commands, len(commands))
         errors = [r for r in replies if isinstance(r, Exception)]
         if not loaded and any(str(e).startswith("NOSCRIPT") for e in errors):
             self.client.script_load(NEWEST_WINS)
@@ -195,11 +186,16 @@ class RedisFeatureStore:
         # one %-format per key: concatenating the parts copied the long field list several times
         payload = b"".join([b"%s$%d\r\n%s%s\r\n%s" % (plan.head, len(prefix) + len(e), prefix, e, plan.tail)
                             for e in (entity_id.encode() for entity_id in ids)])
+        return _concatenated(self._round_trip([payload], len(ids)))
+
+    def _round_trip(self, payload: Sequence[bytes], n_replies: int) -> list[Any]:
+        """Pre-encoded commands out on one pooled connection, their `n_replies` replies back (an error
+        reply as an exception object)."""
         pool = self.client.connection_pool
         connection = pool.get_connection()
         try:
-            connection.send_packed_command([payload])
-            return _read_replies(connection, len(ids))
+            connection.send_packed_command(payload)
+            return _each_reply(connection, n_replies)
         except BaseException:
             connection.disconnect()  # unread replies must not answer the next caller's command
             raise
@@ -249,10 +245,10 @@ def _read_plan(names: tuple[str, ...]) -> _ReadPlan:
                      b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2), tail)
 
 
-def _read_replies(connection: redis.Connection, n: int) -> list[bytes | None]:
-    """The next `n` array replies, concatenated."""
+def _concatenated(replies: list[Any]) -> list[bytes | None]:
+    """Array replies, concatenated; an error reply raised."""
     flat: list[bytes | None] = []
-    for reply in _each_reply(connection, n):
+    for reply in replies:
         if isinstance(reply, Exception):
             raise redis.ResponseError(str(reply))
         flat += reply
