@@ -8,8 +8,8 @@ at any point safe:
    before anything names it (the offsets inside make it the restart point);
 3. the ModelSnapshot record to the snapshots topic, producer flushed;
 4. when promoted, the current-model pointer;
-5. (`finish`, back on the training thread) consumer offsets committed (for lag tools only) and old
-   snapshots pruned (the last K and the current one stay).
+5. (`finish`, back on the training thread, the first round after step 4 or at the next snapshot)
+   consumer offsets committed (for lag tools only) and old snapshots pruned (the last K and the current one stay).
 
 One publication runs at a time: `finish` the previous one before the next `begin`.
 """
@@ -110,6 +110,11 @@ class SnapshotPublisher:
                 self.pointer.set_current(manifest.version)
         except BaseException as exc:  # re-raised on the training thread by finish()
             self._error = exc
+
+    @property
+    def written(self) -> bool:
+        """Whether a publication is under way and its background steps are done: `finish` would not wait."""
+        return self._thread is not None and not self._thread.is_alive()
 
     def finish(self) -> Manifest | None:
         """Waits for the publication under way, then commits offsets and prunes (step 5); returns its

@@ -34,6 +34,15 @@ def wait_trained(s: Settings, n: int, log: Path, timeout_s: float = 180) -> None
     assert trained(s) == n, log.read_text()[-4000:]
 
 
+def wait_committed(scaler: Autoscaler, log: Path, timeout_s: float = 60) -> None:
+    """Rank 0 commits a snapshot's offsets after publishing it (step 5), so the group's lag reaches 0
+    a moment after the snapshot shows every sample trained."""
+    deadline = time.monotonic() + timeout_s
+    while scaler.lag()[0] > 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert scaler.lag()[0] == 0, log.read_text()[-4000:]
+
+
 def test_the_controller_takes_the_ranks_2_3_2_mid_stream_and_every_sample_is_trained_once(
         settings: Settings, tmp_path: Path) -> None:
     s = trainer_settings(settings.namespaced("autoscale"), tmp_path, snapshot_every_s=1.0,
@@ -53,6 +62,7 @@ def test_the_controller_takes_the_ranks_2_3_2_mid_stream_and_every_sample_is_tra
         up = scaler.tick(100.0)  # lag 3500 calls for 4, capped by the 3 partitions
         assert (up.workers, up.changed) == (3, True), up
         wait_trained(s, 5000, log)
+        wait_committed(scaler, log)
         down = scaler.tick(200.0)  # no lag: back to the fewest
         assert (down.workers, down.changed) == (2, True), down
         produce_samples(s, phases[2])

@@ -4,6 +4,7 @@ The same service against Kafka and Redis: test_service_kafka.py."""
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +89,17 @@ def test_checkpoint_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert trainer.checkpoint().promoted
     trainer.publisher.finish()
     assert calls == ["ewc consolidate", "snapshot files", "announcement", "pointer", "offsets commit", "prune"]
+
+
+def test_an_idle_trainer_commits_its_last_snapshots_offsets(tmp_path: Path) -> None:
+    """Lag tools (and the autoscaler) read the group's committed offsets: once the samples stop, the
+    last snapshot's offsets are committed while the trainer waits for more, not at the next snapshot."""
+    source = ListSource({0: make_samples(1000)})
+    trainer = service(config(tmp_path), source)
+    deadline = time.monotonic() + 30
+    trainer.run(should_stop=lambda: bool(source.commits) or time.monotonic() > deadline)
+    assert time.monotonic() < deadline, "no commit while idle"
+    assert source.commits == [{(TOPIC, 0): 1000}] and trainer.written == [1]
 
 
 def _scores(prequential: object, auc_wanted: float, n: int = 1000) -> None:
