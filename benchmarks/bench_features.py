@@ -58,6 +58,18 @@ def isolated(settings: Settings, **flink: object) -> Settings:
                                                                     **flink})})
 
 
+def on_session_cluster(s: Settings, jobmanager: str) -> Settings:
+    """`s` submitting its jobs to the session cluster at `jobmanager` (HOST:PORT): the job graph is built
+    here and sent with its jars, as `flink run` does; every operator runs in the cluster's JVMs.
+
+    >>> on_session_cluster(Settings(), "127.0.0.1:18081").flink.config["rest.port"]
+    '18081'
+    """
+    host, port = jobmanager.rsplit(":", 1)
+    remote = {"execution.target": "remote", "rest.address": host, "rest.port": port}
+    return s.model_copy(update={"flink": s.flink.model_copy(update={"config": {**s.flink.config, **remote}})})
+
+
 def bounded_seconds(s: Settings, blackhole: bool, log_range: LogRange, decode_only: bool = False) -> float:
     t_env = table_environment(s)
     began = time.perf_counter()
@@ -146,7 +158,7 @@ OPTION_CASES: dict[str, dict[str, Any]] = {
     "object_reuse": {"config": {"pipeline.object-reuse": "true"}},
     # local pre-aggregation before the keyed windows, Flink's default (the job sets ONE_PHASE)
     "two_phase_agg": {"config": {"table.optimizer.agg-phase-strategy": "AUTO"}},
-    "parallelism_2": {"parallelism": 2},  # the embedded cluster's; the events topic has 2 partitions
+    "parallelism_2": {"parallelism": 2},  # the events topic has 2 partitions
 }
 
 
@@ -164,7 +176,7 @@ def options(settings: Settings, n_events: int, rounds: int, names: list[str]) ->
     written: dict[str, dict[str, int]] = {}
     for r in range(rounds):
         for name in names:
-            case = _own_outputs(s.model_copy(update={"flink": s.flink.model_copy(update=OPTION_CASES[name])}))
+            case = _own_outputs(with_option(s, OPTION_CASES[name]))
             took = bounded_seconds(case, False, everything) - bounded_seconds(case, False, nothing)
             rates[name].append(n_events / took)
             t = case.kafka.topics
@@ -177,6 +189,16 @@ def options(settings: Settings, n_events: int, rounds: int, names: list[str]) ->
         emit("features", f"options_{name}", float(np.median(runs)), "events/s", n_events,
              runs=[round(x) for x in runs], options=OPTION_CASES[name], wrote=written[name],
              same_output_as_defaults=same)
+
+
+def with_option(s: Settings, option: dict[str, Any]) -> Settings:
+    """`s` with an OPTION_CASES entry applied, its Flink config keys added to those `s` has.
+
+    >>> with_option(on_session_cluster(Settings(), "h:1"), OPTION_CASES["object_reuse"]).flink.config["rest.address"]
+    'h'
+    """
+    update = {**option, "config": {**s.flink.config, **option.get("config", {})}}
+    return s.model_copy(update={"flink": s.flink.model_copy(update=update)})
 
 
 def _own_outputs(s: Settings) -> Settings:
@@ -397,9 +419,14 @@ def main() -> None:
     parser.add_argument("--only", default="pipeline,loader,freshness,reads")
     parser.add_argument("--rounds", type=int, default=2, help="--only options: runs per case")
     parser.add_argument("--cases", default=",".join(OPTION_CASES), help="--only options: which cases")
+    parser.add_argument("--jobmanager", default=None, metavar="HOST:PORT",
+                        help="run the jobs on this session cluster (e.g. `rtrec features cluster up`'s "
+                             "127.0.0.1:18081) instead of the embedded mini-cluster")
     args = parser.parse_args()
     only = set(args.only.split(","))
     with services(load_settings(), own=not args.use_running_services) as settings:
+        if args.jobmanager:
+            settings = on_session_cluster(settings, args.jobmanager)
         if "reads" in only:
             reads(settings)
         if "loader" in only:
