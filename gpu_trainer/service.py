@@ -376,7 +376,11 @@ class TrainerService:
         failures = self.publisher.failures
         finished = self.publisher.finish()
         if self.publisher.failures > failures:
-            self._dirty = True  # its samples are in no snapshot yet: the next one (or the final one) takes them
+            # Its samples are in no snapshot yet: the next one (or the final one) takes them. Ranks decide on
+            # snapshots alike, from what they agreed; rank 0 alone knows of this failure, so there the next
+            # round with samples does (the restart point stays the last snapshot written: nothing is lost).
+            if self.ranks is None:
+                self._dirty = True
             self.metrics.snapshot_failures.inc()
         self._record(finished)
 

@@ -256,6 +256,29 @@ def test_a_full_disk_leaves_no_debris_and_training_goes_on(tmp_path: Path, monke
     assert trainer.store.manifest(2).sample_digest == digest(samples)
 
 
+def test_a_snapshot_that_failed_while_idle_is_written_again_without_new_samples(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its samples are in no snapshot: the trainer writes the next one when it is due by the clock,
+    and commits its offsets, while still waiting for samples."""
+    source = ListSource({0: make_samples(1000)})
+    trainer = service(config(tmp_path, snapshot_every_s=0.5), source)
+    real_savez, calls = np.savez, []
+
+    def full_once(file: object, **arrays: object) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        real_savez(file, **arrays)
+
+    monkeypatch.setattr(snapshots.np, "savez", full_once)
+    deadline = time.monotonic() + 30
+    trainer.run(should_stop=lambda: bool(source.commits) or time.monotonic() > deadline)
+    assert time.monotonic() < deadline, "the failed snapshot was not written again while idle"
+    assert trainer.publisher.failures == 1 and trainer.written == [1]  # nothing took the failed one's number
+    assert trainer.store.manifest(1).sample_digest == digest(make_samples(1000))
+    assert source.commits == [{(TOPIC, 0): 1000}]
+
+
 def test_interrupted_writes_are_swept_at_start(tmp_path: Path) -> None:
     cfg = config(tmp_path)
     debris = cfg.snapshot_dir / ".tmp-v000007-4242"
