@@ -34,6 +34,15 @@ from gpu_trainer.batch import Batch
 
 T = TypeVar("T")
 
+# Several torchrun agents (machines, pods) in one rendezvous share, by default, one store for every
+# round, and each agent counts only its own restarts: after a rank was killed, the agent that restarted
+# for the membership change and the one that restarted for the failure disagree on the count, and the
+# new ranks read the dead ranks' addresses. Without the shared store, rank 0 hosts a new store each round.
+SHARED_STORE_ACROSS_AGENTS = (
+    "the ranks span several torchrun agents that share the rendezvous store (torch's default); set "
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in every agent's environment, so that each round of the rendezvous "
+    "starts a store of its own and restarted ranks do not read the addresses of the ranks they replace")
+
 
 @dataclass
 class Round:
@@ -116,13 +125,17 @@ class Ranks:
         if not dist.is_initialized():
             rank, timeout = int(os.environ["RANK"]), timedelta(seconds=timeout_s)
             agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                                  is_master=rank == 0 and not agent_hosts, timeout=timeout)
-            # The agent's store outlives a restart of the ranks: without a prefix of their own, ranks
-            # restarted after one was killed read the dead ranks' addresses from it and cannot connect.
-            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-            dist.init_process_group("gloo", store=dist.PrefixStore(f"rtrec-trainer/attempt-{attempt}", store),
-                                    rank=rank, world_size=world, timeout=timeout)
+            if agent_hosts and int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:
+                raise RuntimeError(SHARED_STORE_ACROSS_AGENTS)
+            store: dist.Store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                                              is_master=rank == 0 and not agent_hosts, timeout=timeout)
+            if agent_hosts:
+                # The agent's store outlives a restart of the ranks: without a prefix of their own, ranks
+                # restarted after one was killed read the dead ranks' addresses from it and cannot connect.
+                # One agent restarts all of its ranks at once, so they agree on its restart count.
+                attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+                store = dist.PrefixStore(f"rtrec-trainer/attempt-{attempt}", store)
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
         return cls(dist.get_rank(), dist.get_world_size())
 
     @property

@@ -19,6 +19,7 @@ from gpu_trainer.snapshots import Manifest, SnapshotStore
 from tests.faults.runs import ROOT, env_of
 from tests.gpu_trainer.samples import digest, make_samples, produce_samples
 from tests.gpu_trainer.test_service_kafka import trainer_settings
+from tests.infra import free_port
 
 pytestmark = pytest.mark.integration
 PARTITIONS = 3  # two ranks: one with two partitions, one with one
@@ -129,4 +130,48 @@ def test_a_rank_killed_mid_run_loses_nothing_and_trains_nothing_twice(settings: 
     assert "resumed from snapshot" in text, text[-3000:]
     final = final_manifest(s)
     assert (final.samples_seen, final.sample_digest) == (8000, digest(first + second)), text[-3000:]
+    assert sum(o["offset"] for o in final.offsets) == 8000
+
+
+def agents(s: Settings, tmp_path: Path, count: int, *args: str, max_restarts: int = 0) -> list[subprocess.Popen]:
+    """`count` torchrun agents of one rank each in one c10d rendezvous, as on `count` machines."""
+    endpoint, run_id = f"127.0.0.1:{free_port()}", f"rtrec-{tmp_path.name}"
+    env = {**os.environ, **env_of(s), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    return [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", f"--nnodes={count}", "--nproc-per-node=1",
+                              "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}",
+                              f"--max-restarts={max_restarts}", "-m", "rtrec", "train", "run", *args],
+                             cwd=ROOT, env=env, stdout=open(tmp_path / f"agent-{k}.log", "ab"),
+                             stderr=subprocess.STDOUT, start_new_session=True) for k in range(count)]
+
+
+def test_ranks_of_two_agents_as_on_two_machines_lose_nothing_when_one_is_killed(
+        settings: Settings, tmp_path: Path) -> None:
+    """Two torchrun agents (as on two machines or pods) in one c10d rendezvous, one rank each: a rank
+    killed with SIGKILL makes both agents restart their ranks in a new round, and they resume from the
+    snapshot."""
+    s = settings_for(settings, tmp_path, "agents")
+    first, second = make_samples(4000), make_samples(4000, seed=1, start=4000)
+    produce_samples(s, first)
+    launchers = agents(s, tmp_path, 2, "--idle-exit", "6", max_restarts=1)
+    logs = lambda: "\n".join(p.read_text()[-3000:] for p in sorted(tmp_path.glob("agent-*.log")))  # noqa: E731
+    try:
+        store = SnapshotStore(s.trainer.snapshot_dir)
+        deadline = time.monotonic() + 180
+        while not store.versions() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert store.versions(), logs()
+        victims = rank_pids(launchers[1])
+        assert len(victims) == 1, victims
+        produce_samples(s, second)
+        os.kill(next(iter(victims.values())), signal.SIGKILL)
+        assert [p.wait(300) for p in launchers] == [0, 0], logs()
+    finally:
+        for p in launchers:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    text = logs()
+    assert text.count("resumed from snapshot") >= 2, text  # both agents' new ranks
+    final = final_manifest(s)
+    assert (final.samples_seen, final.sample_digest) == (8000, digest(first + second)), text
     assert sum(o["offset"] for o in final.offsets) == 8000
