@@ -38,6 +38,10 @@ T = TypeVar("T")
 # round, and each agent counts only its own restarts: after a rank was killed, the agent that restarted
 # for the membership change and the one that restarted for the failure disagree on the count, and the
 # new ranks read the dead ranks' addresses. Without the shared store, rank 0 hosts a new store each round.
+class SharedStoreAcrossAgents(RuntimeError):
+    """Ranks of several torchrun agents that share the rendezvous store: they would not meet again after a restart."""
+
+
 SHARED_STORE_ACROSS_AGENTS = (
     "the ranks span several torchrun agents that share the rendezvous store (torch's default); set "
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in every agent's environment, so that each round of the rendezvous "
@@ -126,7 +130,7 @@ class Ranks:
             rank, timeout = int(os.environ["RANK"]), timedelta(seconds=timeout_s)
             agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
             if agent_hosts and int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:
-                raise RuntimeError(SHARED_STORE_ACROSS_AGENTS)
+                raise SharedStoreAcrossAgents(SHARED_STORE_ACROSS_AGENTS)
             store: dist.Store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                                               is_master=rank == 0 and not agent_hosts, timeout=timeout)
             if agent_hosts:

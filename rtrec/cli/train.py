@@ -10,6 +10,7 @@ import click
 from pydantic import ValidationError
 
 from core.settings import Settings, TrainerSettings
+from gpu_trainer.distributed import SharedStoreAcrossAgents
 from gpu_trainer.service import RanksChanged, TrainerService
 from rtrec.cli.signals import graceful_stop
 
@@ -40,7 +41,10 @@ def run(settings: Settings, max_samples: int | None, idle_exit_s: float | None, 
             raise click.UsageError(str(exc.errors()[0]["msg"])) from None
         settings = settings.model_copy(update={"trainer": trainer})
     with graceful_stop(settings.trainer.shutdown_timeout_s) as stop:
-        service = TrainerService.from_settings(settings)
+        try:
+            service = TrainerService.from_settings(settings)
+        except SharedStoreAcrossAgents as exc:
+            raise click.ClickException(str(exc)) from None
         try:
             summary = service.run(max_samples=max_samples, idle_exit_s=idle_exit_s, should_stop=stop.is_set)
         except RanksChanged as exc:
