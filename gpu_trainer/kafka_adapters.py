@@ -4,12 +4,13 @@ or `open`, so building a service is free and its logic is testable without a bro
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from core.kafka import cached_lag, ensure_topics, producer_config
 from core.settings import KafkaSettings, TrainerSettings
@@ -21,6 +22,8 @@ from schemas.feature_set import FEATURE_NAMES
 from schemas.kafka_io import AvroConsumer, AvroProducer, ConsumedBatch, read_topic
 
 log = logging.getLogger("rtrec.trainer")
+FENCED_WINDOW_S = 600.0
+MAX_JOINS_AFTER_FENCING = 3  # within FENCED_WINDOW_S
 
 
 def history_fields(trainer: TrainerSettings) -> tuple[str, ...]:
@@ -62,11 +65,13 @@ class KafkaSampleSource:
         self.ranks = ranks  # given: this rank's share of the partitions, assigned without the group protocol
         self.start_offsets: dict[tuple[str, int], int] = {}
         self.assigned: set[int] = set()
-        self._consumer = AvroConsumer(bootstrap, group_id, None, "TrainingSample", keep_rejected_values=True,
-                                      **{"fetch.min.bytes": 1, "session.timeout.ms": session_timeout_ms,
-                                         **(fetch or {}),
-                                         **({"group.instance.id": instance_id} if instance_id else {}),
-                                         **(security or {})})
+        self.instance_id = instance_id
+        config = {"fetch.min.bytes": 1, "session.timeout.ms": session_timeout_ms, **(fetch or {}),
+                  **({"group.instance.id": instance_id} if instance_id else {}), **(security or {})}
+        self._new_consumer = lambda: AvroConsumer(bootstrap, group_id, None, "TrainingSample",
+                                                  keep_rejected_values=True, **config)
+        self._consumer = self._new_consumer()
+        self._fenced_at: list[float] = []
 
     @classmethod
     def from_settings(cls, kafka: KafkaSettings, trainer: TrainerSettings,
@@ -109,9 +114,35 @@ class KafkaSampleSource:
     def poll(self, max_records: int, timeout_s: float) -> ConsumedBatch:
         # the service trains (or dead-letters) every batch before it polls again, and a rebalance
         # runs inside a poll: by then everything polled before is in the model
-        batch = self._consumer.poll_columns(self._decoder, self._widths, max_records, timeout_s, fill=True)
+        try:
+            batch = self._consumer.poll_columns(self._decoder, self._widths, max_records, timeout_s, fill=True)
+        except KafkaException as exc:
+            if not (exc.args[0].fatal() or exc.args[0].code() == KafkaError._FATAL):  # a message's error: the code
+                raise
+            self._join_again(exc)
+            return ConsumedBatch([], [], {})
         self.start_offsets.update(batch.offsets)
         return batch
+
+    def _join_again(self, exc: KafkaException) -> None:
+        """A consumer's one fatal error: its static membership (group.instance.id) fenced. After an outage
+        longer than the session, the broker can fence the member that is rejoining by its own earlier
+        membership (librdkafka #3437). A new consumer joins as that instance and takes the partitions from
+        the samples polled last, which are trained already. Fenced again and again, another process uses the
+        same instance id: that needs a person."""
+        now = time.monotonic()
+        self._fenced_at = [t for t in self._fenced_at if now - t < FENCED_WINDOW_S] + [now]
+        if len(self._fenced_at) > MAX_JOINS_AFTER_FENCING:
+            raise RuntimeError(f"the samples consumer was fenced {len(self._fenced_at)} times within "
+                               f"{FENCED_WINDOW_S:.0f} s: another consumer in the group uses group.instance.id "
+                               f"{self.instance_id!r}; give every trainer its own trainer.instance_id") from exc
+        log.warning("the samples consumer was fenced (%s); joining the group again as %r from the samples polled "
+                    "last", exc.args[0].str(), self.instance_id)
+        with contextlib.suppress(Exception):  # a fenced consumer may refuse to close cleanly
+            self._consumer.close()
+        self._consumer = self._new_consumer()
+        self.assigned.clear()
+        self.start(self.start_offsets)
 
     def has_partitions(self) -> bool:
         return bool(self.assigned)
