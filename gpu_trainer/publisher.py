@@ -112,7 +112,7 @@ class SnapshotPublisher:
             self._error = exc
 
     @property
-    def written(self) -> bool:
+    def ready_to_finish(self) -> bool:
         """Whether a publication is under way and its background steps are done: `finish` would not wait."""
         return self._thread is not None and not self._thread.is_alive()
 

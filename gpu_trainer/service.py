@@ -195,7 +195,7 @@ class TrainerService:
                 self._update_gauges()
                 if self._snapshot_due(agreed.snapshot_due):
                     self.checkpoint()
-                elif self.publisher.written:  # its offsets committed now, not at the next snapshot: idle may be long
+                elif self.publisher.ready_to_finish:  # commit now, not at the next snapshot: idle may be long
                     self._finish_publication()
                 if agreed.stop or (idle_exit_s is not None and agreed.idle_s > idle_exit_s):
                     others_stopped = agreed.stop and not mine.stop
