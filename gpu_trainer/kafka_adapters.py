@@ -65,9 +65,12 @@ class KafkaSampleSource:
         self.ranks = ranks  # given: this rank's share of the partitions, assigned without the group protocol
         self.start_offsets: dict[tuple[str, int], int] = {}
         self.assigned: set[int] = set()
-        self.instance_id = instance_id
+        # ranks take their partitions without joining the group, so a static membership would only fence
+        # them: every rank's commit under one instance id, or a rank's under the id that the single process
+        # before a rescale still holds in the group until its session times out
+        self.instance_id = instance_id if ranks is None else None
         config = {"fetch.min.bytes": 1, "session.timeout.ms": session_timeout_ms, **(fetch or {}),
-                  **({"group.instance.id": instance_id} if instance_id else {}), **(security or {})}
+                  **({"group.instance.id": self.instance_id} if self.instance_id else {}), **(security or {})}
         self._new_consumer = lambda: AvroConsumer(bootstrap, group_id, None, "TrainingSample",
                                                   keep_rejected_values=True, **config)
         self._consumer = self._new_consumer()

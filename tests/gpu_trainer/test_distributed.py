@@ -175,3 +175,76 @@ def test_ranks_of_two_agents_as_on_two_machines_lose_nothing_when_one_is_killed(
     final = final_manifest(s)
     assert (final.samples_seen, final.sample_digest) == (8000, digest(first + second)), text
     assert sum(o["offset"] for o in final.offsets) == 8000
+
+
+def agent(s: Settings, log: Path, endpoint: str, run_id: str, nodes: str, *args: str,
+          max_restarts: int = 0) -> subprocess.Popen:
+    """One torchrun agent of one rank in the elastic c10d rendezvous `run_id` at `endpoint` (`nodes`: MIN:MAX)."""
+    env = {**os.environ, **env_of(s), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", "--nproc-per-node=1",
+                             "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}",
+                             "--rdzv-conf=last_call_timeout=2", "--monitor-interval=1",
+                             f"--max-restarts={max_restarts}", "-m", "rtrec", "train", "run", *args],
+                            cwd=ROOT, env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+@pytest.mark.parametrize("leaving", ["SIGTERM", "SIGKILL"])
+def test_an_agent_joining_and_leaving_a_running_job_changes_its_ranks_and_loses_nothing(
+        settings: Settings, tmp_path: Path, leaving: str) -> None:
+    """Elastic membership, as pods of a scaled set come and go: one agent trains alone; a second agent
+    joining makes both restart their ranks as two (from the snapshot); the second leaving leaves the first
+    to go on as one rank. SIGTERM to the agent, as Kubernetes stops a pod: its rank stops with the round's
+    snapshot and the other rank restarts (exit 75). SIGKILL of the agent and its rank, as a node is lost:
+    the other rank fails and restarts from the last snapshot."""
+    s = settings_for(settings, tmp_path, "elastic", snapshot_every_samples=1000)
+    parts = [make_samples(3000, seed=k, start=3000 * k) for k in range(3)]
+    endpoint, run_id = f"127.0.0.1:{free_port()}", f"rtrec-{tmp_path.name}"
+    logs = lambda: "\n".join(p.read_text()[-4000:] for p in sorted(tmp_path.glob("agent-*.log")))  # noqa: E731
+    store = SnapshotStore(s.trainer.snapshot_dir)
+
+    def wait_for(samples: int) -> None:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            version = store.latest_version()
+            if version is not None and store.manifest(version).samples_seen >= samples:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"no snapshot of {samples} samples\n{logs()}")
+
+    produce_samples(s, parts[0])
+    first = agent(s, tmp_path / "agent-0.log", endpoint, run_id, "1:2", "--idle-exit", "20", max_restarts=3)
+    second = None
+    try:
+        wait_for(3000)
+        second = agent(s, tmp_path / "agent-1.log", endpoint, run_id, "1:2", "--idle-exit", "20", max_restarts=3)
+        deadline = time.monotonic() + 180
+        while "rank 1 of 2 consumes" not in logs() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "rank 1 of 2 consumes" in logs(), logs()
+        produce_samples(s, parts[1])
+        wait_for(5000)  # trained by the two ranks (a snapshot every 1,000 samples), not their idle exit's
+        if leaving == "SIGTERM":
+            second.send_signal(signal.SIGTERM)  # to the agent alone, which stops its rank
+        else:
+            rank = rank_pids(second)  # its own session: the agent's process group does not hold it
+            assert len(rank) == 1, rank
+            os.killpg(second.pid, signal.SIGKILL)
+            os.kill(next(iter(rank.values())), signal.SIGKILL)
+        second.wait(60)
+        produce_samples(s, parts[2])
+        assert first.wait(300) == 0, logs()
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    text = logs()
+    final = final_manifest(s)
+    assert (final.samples_seen, final.sample_digest) == (9000, digest(parts[0] + parts[1] + parts[2])), text
+    assert sum(o["offset"] for o in final.offsets) == 9000
+    # the first agent's ranks: one, two once the second joined, and one again (a single process) once it left
+    first_log = (tmp_path / "agent-0.log").read_text()
+    assert first_log.index("started fresh") < first_log.index("rank 0 of 2 consumes"), text
+    alone_again = first_log[first_log.rindex("rank 0 of 2 consumes"):]
+    assert "resumed from snapshot" in alone_again and "\ntrained 9000 samples" in alone_again, text
