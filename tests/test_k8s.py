@@ -91,3 +91,54 @@ def test_the_loader_scales_by_the_lag_policy(docs: dict) -> None:
     data = docs[("ConfigMap", "rtrec-settings")]["data"]
     assert scaled["maxReplicaCount"] == int(data["RTREC_KAFKA__PARTITIONS"])  # more loaders would only wait
     assert trigger["bootstrapServers"] == data["RTREC_KAFKA__BOOTSTRAP_SERVERS"]
+
+
+ELASTIC = K8S / "elastic-trainer" / "trainer-agents.yaml"
+
+
+def agent_arguments() -> list[str]:
+    """torchrun's arguments in the elastic trainer's pods (tests/gpu_trainer/test_distributed.py runs them)."""
+    docs = {doc["kind"]: doc for doc in yaml.safe_load_all(ELASTIC.read_text())}
+    return docs["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_the_elastic_trainers_agents_meet_at_the_first_pod_and_scale_by_the_lag_policy(
+        docs: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.distributed.run import get_args_parser
+
+    from rtrec.cli.main import cli
+
+    elastic = {(doc["kind"], doc["metadata"]["name"]): doc for doc in yaml.safe_load_all(ELASTIC.read_text())}
+    assert not set(elastic) & set(docs)  # an alternative to workers.yaml's trainer, not beside it
+    service = elastic[("Service", "rtrec-trainer-agents")]["spec"]
+    agents = elastic[("StatefulSet", "rtrec-trainer-agents")]
+    pod = agents["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    args = get_args_parser().parse_args(container["args"])
+    assert container["command"] == ["python", "-m", "torch.distributed.run"] and args.module
+    assert CliRunner().invoke(cli, [*args.training_script_args, "--help"]).exit_code == 0
+    assert args.training_script == "rtrec" and args.nproc_per_node == "1" and args.rdzv_backend == "c10d"
+    host, port = args.rdzv_endpoint.split(":")
+    assert host == f"{agents['metadata']['name']}-0.{agents['spec']['serviceName']}" and service["clusterIP"] == "None"
+    assert int(port) == service["ports"][0]["port"] and service["publishNotReadyAddresses"] is True
+    assert agents["spec"]["podManagementPolicy"] == "Parallel" and args.max_restarts > 0
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1" and env["OMP_NUM_THREADS"] == "1"
+    for key, value in {**docs[("ConfigMap", "rtrec-settings")]["data"], **env}.items():
+        monkeypatch.setenv(key, value)
+    settings = Settings()
+    trainer = docs[("Deployment", "rtrec-trainer")]["spec"]["template"]["spec"]
+    assert pod["volumes"] == trainer["volumes"]  # the same snapshots: each resumes from the other's
+    assert pod["terminationGracePeriodSeconds"] > settings.trainer.shutdown_timeout_s
+
+    scaled = elastic[("ScaledObject", "rtrec-trainer-agents")]["spec"]
+    policy, trigger = settings.trainer.autoscale, scaled["triggers"][0]["metadata"]
+    assert scaled["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "rtrec-trainer-agents"}
+    assert trigger["lagThreshold"] == str(policy.lag_per_worker)
+    assert trigger["consumerGroup"] == settings.trainer.group_id and trigger["topic"] == settings.kafka.topics.samples
+    behaviour = scaled["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behaviour["scaleUp"]["stabilizationWindowSeconds"] == policy.up_cooldown_s
+    assert behaviour["scaleDown"]["stabilizationWindowSeconds"] == policy.down_cooldown_s
+    partitions = settings.kafka.partitions_of()[settings.kafka.topics.samples]
+    assert scaled["maxReplicaCount"] == partitions == int(args.nnodes.split(":")[1])
+    assert trigger["bootstrapServers"] == settings.kafka.bootstrap_servers

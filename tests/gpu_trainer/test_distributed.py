@@ -20,6 +20,7 @@ from tests.faults.runs import ROOT, env_of
 from tests.gpu_trainer.samples import digest, make_samples, produce_samples
 from tests.gpu_trainer.test_service_kafka import trainer_settings
 from tests.infra import free_port
+from tests.test_k8s import agent_arguments
 
 pytestmark = pytest.mark.integration
 PARTITIONS = 3  # two ranks: one with two partitions, one with one
@@ -177,17 +178,16 @@ def test_ranks_of_two_agents_as_on_two_machines_lose_nothing_when_one_is_killed(
     assert sum(o["offset"] for o in final.offsets) == 8000
 
 
-def agent(s: Settings, log: Path, endpoint: str, run_id: str, nodes: str, *args: str,
-          max_restarts: int = 0) -> subprocess.Popen:
-    """One torchrun agent of one rank in the elastic c10d rendezvous `run_id` at `endpoint` (`nodes`: MIN:MAX)."""
+def agent(s: Settings, log: Path, endpoint: str, run_id: str, nodes: str, *args: str) -> subprocess.Popen:
+    """One torchrun agent with the elastic trainer pods' arguments (scripts/k8s/elastic-trainer), in the
+    rendezvous `run_id` at `endpoint` of `nodes` (MIN:MAX) instead of theirs."""
+    ours = {"--rdzv-endpoint": endpoint, "--rdzv-id": run_id, "--nnodes": nodes}
+    arguments = [f"{a.split('=')[0]}={ours[a.split('=')[0]]}" if a.split("=")[0] in ours else a
+                 for a in agent_arguments()]
     env = {**os.environ, **env_of(s), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", "--nproc-per-node=1",
-                             "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}",
-                             "--rdzv-conf=last_call_timeout=2", "--monitor-interval=1",
-                             f"--max-restarts={max_restarts}", "-m", "rtrec", "train", "run", *args],
-                            cwd=ROOT, env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *arguments, *args], cwd=ROOT, env=env,
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
 @pytest.mark.parametrize("leaving", ["SIGTERM", "SIGKILL"])
@@ -214,11 +214,11 @@ def test_an_agent_joining_and_leaving_a_running_job_changes_its_ranks_and_loses_
         raise AssertionError(f"no snapshot of {samples} samples\n{logs()}")
 
     produce_samples(s, parts[0])
-    first = agent(s, tmp_path / "agent-0.log", endpoint, run_id, "1:2", "--idle-exit", "20", max_restarts=3)
+    first = agent(s, tmp_path / "agent-0.log", endpoint, run_id, "1:2", "--idle-exit", "20")
     second = None
     try:
         wait_for(3000)
-        second = agent(s, tmp_path / "agent-1.log", endpoint, run_id, "1:2", "--idle-exit", "20", max_restarts=3)
+        second = agent(s, tmp_path / "agent-1.log", endpoint, run_id, "1:2", "--idle-exit", "20")
         deadline = time.monotonic() + 180
         while "rank 1 of 2 consumes" not in logs() and time.monotonic() < deadline:
             time.sleep(0.2)
