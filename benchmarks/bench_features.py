@@ -159,6 +159,8 @@ OPTION_CASES: dict[str, dict[str, Any]] = {
     # local pre-aggregation before the keyed windows, Flink's default (the job sets ONE_PHASE)
     "two_phase_agg": {"config": {"table.optimizer.agg-phase-strategy": "AUTO"}},
     "parallelism_2": {"parallelism": 2},  # the events topic has 2 partitions
+    # the sinks' producers: larger batches, waiting up to 20 ms to fill them, compressed
+    "sink_batching": {"sink_producer": {"linger.ms": "20", "batch.size": "262144", "compression.type": "lz4"}},
 }
 
 

@@ -348,6 +348,9 @@ class FlinkSettings(Section):
     watermark_interval_ms: int = 50
     buffer_timeout_ms: int = 20
     checkpoint_interval_ms: int = 5_000
+    # Kafka producer properties of the job's sinks (e.g. {"linger.ms": "20", "compression.type": "lz4"}),
+    # passed to the connector as properties.<name>; kafka.security's are added after them.
+    sink_producer: dict[str, str] = Field(default_factory=dict)
     # Any other Flink configuration for the job (e.g. {"table.exec.mini-batch.enabled": "true"} or
     # {"state.backend.type": "rocksdb"}), applied after the project's own, so it overrides them. From the
     # environment as JSON: RTREC_FLINK__CONFIG='{"table.exec.mini-batch.enabled": "true"}'.

@@ -44,6 +44,15 @@ def slide_s(f: FlinkSettings, horizon_s: int) -> int:
     return f.horizon_slides_s.get(horizon_s, f.window_s)
 
 
+def sink_client(settings: Settings) -> dict[str, str]:
+    """The sinks' producer properties: `flink.sink_producer`, then authentication and TLS.
+
+    >>> sink_client(Settings(flink={"sink_producer": {"linger.ms": "20"}}))
+    {'linger.ms': '20'}
+    """
+    return {**settings.flink.sink_producer, **settings.kafka.security.flink_connector()}
+
+
 def build_job(settings: Settings, t_env: TableEnvironment, log_range: LogRange | None = None,
               job_id: str = "features", with_samples: bool = True) -> StatementSet:
     k, f = settings.kafka, settings.flink
@@ -55,9 +64,9 @@ def build_job(settings: Settings, t_env: TableEnvironment, log_range: LogRange |
     exactly_once = f.checkpoint_interval_ms > 0
     t_env.execute_sql(avro_sink_ddl("features_sink", "FeatureRecord", k.topics.features, k.bootstrap_servers,
                                     exactly_once, f"rtrec-{job_id}-features", key_field="entity_id",
-                                    client=k.security.flink_connector()))
+                                    client=sink_client(settings)))
     t_env.execute_sql(avro_sink_ddl("dead_letter_sink", "DeadLetter", k.topics.dead_letter, k.bootstrap_servers,
-                                    exactly_once, f"rtrec-{job_id}-dead", client=k.security.flink_connector()))
+                                    exactly_once, f"rtrec-{job_id}-dead", client=sink_client(settings)))
 
     statements = t_env.create_statement_set()
     lists = add_samples(settings, t_env, statements, exactly_once, job_id, log_range) if with_samples else None
@@ -135,7 +144,7 @@ def add_samples(settings: Settings, t_env: TableEnvironment, statements: Stateme
     t_env.create_temporary_view("sample_rows", t_env.sql_query("\nUNION ALL\n".join(parts)))
     t_env.execute_sql(avro_sink_ddl("samples_sink", "TrainingSample", k.topics.samples, k.bootstrap_servers,
                                     exactly_once, f"rtrec-{job_id}-samples", key_field="user_id",
-                                    client=k.security.flink_connector()))
+                                    client=sink_client(settings)))
     samples = samples_sql("sample_rows", f.window_s, f.history_length, f.history_lookback_s)
     statements.add_insert_sql(f"INSERT INTO samples_sink {samples}")
     return "engagement_lists" if user_recent is not None else None
