@@ -12,6 +12,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from core.settings import Settings
+from gpu_trainer.distributed import Ranks
 from gpu_trainer.kafka_adapters import KafkaSampleSource
 from schemas.kafka_io import AvroConsumer
 from tests.gpu_trainer.samples import make_samples, produce_samples
@@ -86,3 +87,15 @@ def test_fencing_that_goes_on_ends_with_the_cause(settings: Settings, tmp_path: 
             source.poll(10, 0.1)
     finally:
         source.close()
+
+
+def test_ranks_take_no_static_membership() -> None:
+    """Ranks assign their partitions without the group protocol; under a static id their offset commits
+    were fenced by the membership of the single process before a rescale (test_distributed.py, agents)."""
+    alone = KafkaSampleSource("127.0.0.1:9", "samples", "group", "trainer-0")
+    ranked = KafkaSampleSource("127.0.0.1:9", "samples", "group", "trainer-0", ranks=Ranks(1, 2))
+    try:
+        assert (alone.instance_id, ranked.instance_id) == ("trainer-0", None)
+    finally:
+        alone.close()
+        ranked.close()
