@@ -171,10 +171,11 @@ def test_ranks_of_two_agents_as_on_two_machines_lose_nothing_when_one_is_killed(
         for p in launchers:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
-    text = logs()
-    assert text.count("resumed from snapshot") >= 2, text  # both agents' new ranks
+    # whole logs: the tails (for the messages) can be filled by torch's warnings as the rendezvous closes
+    text = "\n".join(p.read_text() for p in sorted(tmp_path.glob("agent-*.log")))
+    assert text.count("resumed from snapshot") >= 2, logs()  # both agents' new ranks
     final = final_manifest(s)
-    assert (final.samples_seen, final.sample_digest) == (8000, digest(first + second)), text
+    assert (final.samples_seen, final.sample_digest) == (8000, digest(first + second)), logs()
     assert sum(o["offset"] for o in final.offsets) == 8000
 
 
