@@ -6,6 +6,7 @@ Either way the tests receive a bootstrap address and a Redis URL and cannot tell
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import time
 from collections.abc import Iterator
@@ -27,6 +28,23 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def free_ports_for_servers(count: int) -> list[int]:
+    """`count` free ports below the kernel's ephemeral range (32768 and up), for servers that bind them
+    only seconds later: a JVM starting binds ports of its own from that range, and once took the REST
+    port picked for it by `free_port`."""
+    found: list[int] = []
+    for port in random.sample(range(21_000, 26_000), 500):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == count:
+            return found
+    raise RuntimeError(f"not {count} free ports between 21000 and 26000")
 
 
 def docker_available() -> bool:
