@@ -134,16 +134,15 @@ def test_a_rank_killed_mid_run_loses_nothing_and_trains_nothing_twice(settings: 
     assert sum(o["offset"] for o in final.offsets) == 8000
 
 
-def agents(s: Settings, tmp_path: Path, count: int, *args: str, max_restarts: int = 0) -> list[subprocess.Popen]:
+def agents(s: Settings, tmp_path: Path, count: int, *args: str) -> list[subprocess.Popen]:
     """`count` torchrun agents of one rank each in one c10d rendezvous, as on `count` machines."""
     endpoint, run_id = f"127.0.0.1:{free_port()}", f"rtrec-{tmp_path.name}"
-    env = {**os.environ, **env_of(s), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    return [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", f"--nnodes={count}", "--nproc-per-node=1",
-                              "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}",
-                              f"--max-restarts={max_restarts}", "-m", "rtrec", "train", "run", *args],
-                             cwd=ROOT, env=env, stdout=open(tmp_path / f"agent-{k}.log", "ab"),
-                             stderr=subprocess.STDOUT, start_new_session=True) for k in range(count)]
+    return [agent(s, tmp_path / f"agent-{k}.log", endpoint, run_id, str(count), *args) for k in range(count)]
+
+
+def agent_logs(tmp_path: Path, tail: int | None = 4000) -> str:
+    """The agents' logs, each cut to its last `tail` characters (None: whole)."""
+    return "\n".join(p.read_text()[-tail if tail else 0:] for p in sorted(tmp_path.glob("agent-*.log")))
 
 
 def test_ranks_of_two_agents_as_on_two_machines_lose_nothing_when_one_is_killed(
@@ -154,8 +153,8 @@ def test_ranks_of_two_agents_as_on_two_machines_lose_nothing_when_one_is_killed(
     s = settings_for(settings, tmp_path, "agents")
     first, second = make_samples(4000), make_samples(4000, seed=1, start=4000)
     produce_samples(s, first)
-    launchers = agents(s, tmp_path, 2, "--idle-exit", "6", max_restarts=1)
-    logs = lambda: "\n".join(p.read_text()[-3000:] for p in sorted(tmp_path.glob("agent-*.log")))  # noqa: E731
+    launchers = agents(s, tmp_path, 2, "--idle-exit", "6")
+    logs = lambda: agent_logs(tmp_path)  # noqa: E731
     try:
         store = SnapshotStore(s.trainer.snapshot_dir)
         deadline = time.monotonic() + 180
@@ -172,7 +171,7 @@ def test_ranks_of_two_agents_as_on_two_machines_lose_nothing_when_one_is_killed(
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
     # whole logs: the tails (for the messages) can be filled by torch's warnings as the rendezvous closes
-    text = "\n".join(p.read_text() for p in sorted(tmp_path.glob("agent-*.log")))
+    text = agent_logs(tmp_path, None)
     assert text.count("resumed from snapshot") >= 2, logs()  # both agents' new ranks
     final = final_manifest(s)
     assert (final.samples_seen, final.sample_digest) == (8000, digest(first + second)), logs()
@@ -183,8 +182,7 @@ def agent(s: Settings, log: Path, endpoint: str, run_id: str, nodes: str, *args:
     """One torchrun agent with the elastic trainer pods' arguments (scripts/k8s/elastic-trainer), in the
     rendezvous `run_id` at `endpoint` of `nodes` (MIN:MAX) instead of theirs."""
     ours = {"--rdzv-endpoint": endpoint, "--rdzv-id": run_id, "--nnodes": nodes}
-    arguments = [f"{a.split('=')[0]}={ours[a.split('=')[0]]}" if a.split("=")[0] in ours else a
-                 for a in agent_arguments()]
+    arguments = [f"{name}={ours[name]}" if (name := a.split("=")[0]) in ours else a for a in agent_arguments()]
     env = {**os.environ, **env_of(s), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *arguments, *args], cwd=ROOT, env=env,
@@ -202,7 +200,7 @@ def test_an_agent_joining_and_leaving_a_running_job_changes_its_ranks_and_loses_
     s = settings_for(settings, tmp_path, "elastic", snapshot_every_samples=1000)
     parts = [make_samples(3000, seed=k, start=3000 * k) for k in range(3)]
     endpoint, run_id = f"127.0.0.1:{free_port()}", f"rtrec-{tmp_path.name}"
-    logs = lambda: "\n".join(p.read_text()[-4000:] for p in sorted(tmp_path.glob("agent-*.log")))  # noqa: E731
+    logs = lambda: agent_logs(tmp_path)  # noqa: E731
     store = SnapshotStore(s.trainer.snapshot_dir)
 
     def wait_for(samples: int) -> None:
