@@ -2,6 +2,8 @@
 
 >>> "TUMBLE(TABLE events, DESCRIPTOR(event_time), INTERVAL '3' SECOND(2))" in window_sql("user", 3, 3)
 True
+>>> "DISTINCT" in window_sql("user_item", 3, 3), "COUNT(DISTINCT item_id)" in window_sql("user", 3, 3)
+(False, True)
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ from feature_store.keys import pair_id_sql
 from flink_jobs.ddl import header_literal, quote
 
 ENTITY_KEYS = {"user": "user_id", "item": "item_id", "user_item": pair_id_sql("user_id", "item_id")}
-COUNTERPART = {"user": "item_id", "item": "user_id", "user_item": "item_id"}
+# a pair's only counterpart is its own item: 1, with no distinct state (a COUNT DISTINCT keeps a map
+# per key and window, and pairs are most of the job's keys)
+COUNTERPART = {"user": "item_id", "item": "user_id"}
 # a window's record carries no recent engagements (sample_sql.recent_lists_sql writes those)
 NO_RECENT = ("CAST(NULL AS ARRAY<STRING>) AS recent_items, CAST(NULL AS ARRAY<STRING>) AS recent_types, "
              "CAST(NULL AS ARRAY<BIGINT>) AS recent_times_ms")
@@ -48,6 +52,7 @@ def window_sql(entity_type: str, size_s: int, slide_s: int) -> str:
     key = ENTITY_KEYS[entity_type]
     impressions, clicks = _count("impression"), _count("click")
     dwell_n = "COUNT(dwell_ms)"
+    counterparts = (f"COUNT(DISTINCT {COUNTERPART[entity_type]})" if entity_type in COUNTERPART else "1")
     return f"""SELECT
   CAST({key} AS BYTES) AS entity_id_key,
   {quote(entity_type)} AS entity_type,
@@ -63,7 +68,7 @@ def window_sql(entity_type: str, size_s: int, slide_s: int) -> str:
   CASE WHEN {impressions} > 0 THEN CAST({clicks} AS DOUBLE) / {impressions} ELSE 0.0 END AS ctr,
   CAST(COALESCE(SUM(dwell_ms), 0) AS BIGINT) AS dwell_sum_ms,
   CASE WHEN {dwell_n} > 0 THEN CAST(SUM(dwell_ms) AS DOUBLE) / {dwell_n} ELSE 0.0 END AS dwell_mean_ms,
-  CAST(COUNT(DISTINCT {COUNTERPART[entity_type]}) AS BIGINT) AS distinct_counterparts,
+  CAST({counterparts} AS BIGINT) AS distinct_counterparts,
   {NO_RECENT},
   {header_literal('FeatureRecord')} AS headers
 FROM TABLE({window_table(size_s, slide_s)})

@@ -49,7 +49,8 @@ def test_exact_windows_out_of_order_late_and_malformed(settings: Settings) -> No
     assert (u2["impressions"], u2["clicks"], u2["distinct_counterparts"]) == (2, 0, 2)  # e5 counted
     i1 = features[("item", "i1", 3, 0)]
     assert (i1["impressions"], i1["clicks"], i1["ctr"], i1["distinct_counterparts"]) == (2, 1, 0.5, 2)
-    assert features[("user_item", "u1|i1", 3, 0)]["ctr"] == 1.0
+    pair = features[("user_item", "u1|i1", 3, 0)]
+    assert (pair["ctr"], pair["distinct_counterparts"]) == (1.0, 1)
     second = features[("user", "u1", 3, 3000)]
     assert (second["impressions"], second["clicks"], second["dwell_sum_ms"]) == (1, 1, 3000)
     # 6 s horizon sliding by 3 s: [T-3000, T+3000) and [T, T+6000)
