@@ -24,27 +24,32 @@ class Endpoints:
     how: str  # "testcontainers" or "local processes"
 
 
+_HANDED_OUT: set[int] = set()  # never the same port twice in one test session
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free port for a server that binds it later (see `free_ports`)."""
+    return free_ports(1)[0]
 
 
-def free_ports_for_servers(count: int) -> list[int]:
-    """`count` free ports below the kernel's ephemeral range (32768 and up), for servers that bind them
-    only seconds later: a JVM starting binds ports of its own from that range, and once took the REST
-    port picked for it by `free_port`."""
+def free_ports(count: int) -> list[int]:
+    """`count` free ports below the kernel's ephemeral range (32768 and up): the servers the tests start
+    bind them only seconds later, and a port the kernel handed out (bind to port 0) is one it hands out
+    again: a starting JVM once took the REST port picked that way for its own sockets."""
     found: list[int] = []
-    for port in random.sample(range(21_000, 26_000), 500):
+    for port in random.sample(range(21_000, 32_000), 1000):
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
         found.append(port)
+        _HANDED_OUT.add(port)
         if len(found) == count:
             return found
-    raise RuntimeError(f"not {count} free ports between 21000 and 26000")
+    raise RuntimeError(f"not {count} free ports between 21000 and 32000")
 
 
 def docker_available() -> bool:

@@ -19,7 +19,7 @@ from core.settings import Settings
 from rtrec.services.flink_cluster import FlinkCluster
 from tests.faults.runs import ROOT, env_of, reference_run, windows
 from tests.flink_jobs.harness import create_topics, event, job_settings, produce, wait_for
-from tests.infra import free_ports_for_servers, local_services_settings
+from tests.infra import free_ports, local_services_settings
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +46,7 @@ def test_submit_rescale_and_stop_on_an_external_cluster_lose_and_double_nothing(
     s = job_settings(settings.namespaced(f"rescale-{run}"), checkpoint_dir=tmp_path / "checkpoints")
     create_topics(s, partitions=2)
     produce(s, PHASE1)
-    rest_port, rpc_port = free_ports_for_servers(2)
+    rest_port, rpc_port = free_ports(2)
     cluster = FlinkCluster(local_services_settings(tmp_path / "cluster"), rest_port=rest_port, rpc_port=rpc_port)
     assert cluster.start().startswith("started on")
     address = cluster.rest_url.removeprefix("http://")
