@@ -20,11 +20,12 @@ from flink_jobs.sample_sql import (
     engagement_lists_sql,
     engagements_sql,
     feature_rows_sql,
-    feature_window_sql,
+    horizon_before_tile_sql,
     impressions_sql,
     label_rows_sql,
     recent_lists_sql,
     samples_sql,
+    tiles_sql,
     user_recent_sql,
 )
 from schemas.feature_set import HORIZONS_S
@@ -137,9 +138,10 @@ def add_samples(settings: Settings, t_env: TableEnvironment, statements: Stateme
     parts = [base_rows_sql(user_recent), label_rows_sql(f.attribution_window_s)]
     for entity in ("user", "item"):
         for h in HORIZONS_S:
-            view = f"f_{entity}_{h}"
-            t_env.create_temporary_view(view, t_env.sql_query(feature_window_sql(entity, h, slide_s(f, h),
-                                                                                     "sample_events")))
+            tiles, view = f"tiles_{entity}_{slide_s(f, h)}", f"f_{entity}_{h}"
+            if tiles not in t_env.list_temporary_views():  # the horizons with one slide share their tiles
+                t_env.create_temporary_view(tiles, t_env.sql_query(tiles_sql(entity, slide_s(f, h), "sample_events")))
+            t_env.create_temporary_view(view, t_env.sql_query(horizon_before_tile_sql(tiles, h)))
             parts.append(feature_rows_sql(view, entity, h, slide_s(f, h)))
     t_env.create_temporary_view("sample_rows", t_env.sql_query("\nUNION ALL\n".join(parts)))
     t_env.execute_sql(avro_sink_ddl("samples_sink", "TrainingSample", k.topics.samples, k.bootstrap_servers,

@@ -1,14 +1,18 @@
 """SQL of the training samples: one per impression, labelled by an engagement on the same user-item
 pair within the attribution window, carrying the features as of the impression time.
 
-Point in time: an impression at t joins, per entity and horizon, the one window with
-t - slide < window_end <= t (written on window_time = window_end - 1 ms as an interval join). A
-window is [start, end), so nothing at or after t is in it: a click at t cannot leak into the
-features of the impression at t. The user's recent engagements are a list per user, a new version at
-each engagement; the impression looks its user's list up as of t (an event-time temporal join, which
-holds nothing back beyond the watermark) and keeps the entries strictly before t. Every joined row, the
-impression itself and its label rows meet in a tumbling window on the impression time, which closes
-once the watermark has passed the attribution window: that is when a sample is emitted.
+Point in time: an impression at t gets, per entity and horizon, the hopping window with
+t - slide < window_end <= t. A window is [start, end), so nothing at or after t is in it: a click at t
+cannot leak into the features of the impression at t. It is not computed as a hopping window, which
+emits every key once per slide for as long as the key has events in it (most of those rows would join
+no impression): the horizon's tiles (tumbling windows of its slide) are added up over the horizon
+before the impression's own tile, once per tile (`horizon_before_tile_sql`).
+
+The user's recent engagements are a list per user, a new version at each engagement; the impression
+looks its user's list up as of t (an event-time temporal join, which holds nothing back beyond the
+watermark) and keeps the entries strictly before t. Every joined row, the impression itself and its
+label rows meet in a tumbling window on the impression time, which closes once the watermark has passed
+the attribution window: that is when a sample is emitted.
 
 >>> "e.event_time <= i.event_time + INTERVAL '30' SECOND(2)" in label_rows_sql(30)
 True
@@ -39,16 +43,31 @@ def engagements_sql(source: str) -> str:
             "WHERE event_type <> 'impression'")
 
 
-def feature_window_sql(entity_type: str, size_s: int, slide_s: int, source: str) -> str:
+def tiles_sql(entity_type: str, tile_s: int, source: str) -> str:
+    """Per entity and tile (a tumbling window of `tile_s`, a horizon's slide): the counts and sums that
+    the horizon adds up. A tile is emitted once, where a hopping window was emitted once per slide."""
     key = ENTITY_KEYS[entity_type]
-    imps = "COUNT(*) FILTER (WHERE event_type = 'impression')"
-    clicks = "COUNT(*) FILTER (WHERE event_type = 'click')"
     return f"""SELECT {key} AS entity_id, window_time,
-  {imps} AS impressions, {clicks} AS clicks, COUNT(*) FILTER (WHERE event_type = 'like') AS likes,
-  CASE WHEN {imps} > 0 THEN CAST({clicks} AS DOUBLE) / {imps} ELSE 0.0 END AS ctr,
-  CASE WHEN COUNT(dwell_ms) > 0 THEN CAST(SUM(dwell_ms) AS DOUBLE) / COUNT(dwell_ms) ELSE 0.0 END AS dwell_mean_ms
-FROM TABLE({window_table(size_s, slide_s, source)})
+  COUNT(*) FILTER (WHERE event_type = 'impression') AS impressions,
+  COUNT(*) FILTER (WHERE event_type = 'click') AS clicks, COUNT(*) FILTER (WHERE event_type = 'like') AS likes,
+  CAST(COALESCE(SUM(dwell_ms), 0) AS BIGINT) AS dwell_sum, COUNT(dwell_ms) AS dwell_n
+FROM TABLE({window_table(tile_s, tile_s, source)})
 GROUP BY window_start, window_end, window_time, {key}"""
+
+
+def horizon_before_tile_sql(tiles: str, horizon_s: int) -> str:
+    """Per tile, the horizon's features over the tiles before it: the tiles ending in (end - horizon,
+    start], which is the hopping window [start - horizon, start) that the tile's impressions join. The
+    range takes the tile itself too (Flink's OVER ends at the current row), so its own counts are taken
+    off again: nothing at or after an impression's tile start is in its features."""
+    over = (f"OVER (PARTITION BY entity_id ORDER BY window_time "
+            f"RANGE BETWEEN {interval(horizon_s)} PRECEDING AND CURRENT ROW)")
+    sums = ", ".join(f"SUM({c}) {over} - {c} AS {c}"
+                     for c in ("impressions", "clicks", "likes", "dwell_sum", "dwell_n"))
+    return f"""SELECT entity_id, window_time, impressions, clicks, likes,
+  CASE WHEN impressions > 0 THEN CAST(clicks AS DOUBLE) / impressions ELSE 0.0 END AS ctr,
+  CASE WHEN dwell_n > 0 THEN CAST(dwell_sum AS DOUBLE) / dwell_n ELSE 0.0 END AS dwell_mean_ms
+FROM (SELECT entity_id, window_time, {sums} FROM {tiles})"""
 
 
 def engagement_lists_sql(history_length: int) -> str:
@@ -101,12 +120,14 @@ FROM impressions i JOIN engagements e
 
 
 def feature_rows_sql(view: str, entity_type: str, horizon_s: int, slide_s: int) -> str:
+    """The impression's features of one entity and horizon: the row of the tile it falls in
+    (`horizon_before_tile_sql`), whose time (its end - 1 ms) is in [t, t + slide)."""
     key = {"user": "i.user_id", "item": "i.item_id"}[entity_type]
     cols = ", ".join(f"{_AGG_COLUMNS[a]} AS f_{a}" for a in AGGREGATES)
     return f"""SELECT {_ROW_HEAD}, 0 AS label, {quote(f'{entity_type}.{horizon_s}')} AS kind, {cols}, {_NO_HISTORY}
 FROM impressions i JOIN {view} f
   ON {key} = f.entity_id
-  AND f.window_time < i.event_time AND f.window_time >= i.event_time - {interval(slide_s)}"""
+  AND f.window_time >= i.event_time AND f.window_time < i.event_time + {interval(slide_s)}"""
 
 
 def samples_sql(rows_view: str, window_s: int, history_length: int, lookback_s: int) -> str:

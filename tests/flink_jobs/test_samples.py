@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import random
 import time
 
+import numpy as np
 import pytest
 
 from core.settings import Settings
 from feature_store.loader import LoaderConfig, run_loader
 from feature_store.redis_store import RedisFeatureStore
 from flink_jobs.monitor import FlinkRest, mini_cluster_rest_url
-from schemas.feature_set import FEATURE_NAMES
+from schemas.feature_set import FEATURE_NAMES, HORIZONS_S
 from schemas.kafka_io import read_topic
 from tests.flink_jobs.harness import T, create_topics, event, job_settings, produce, running_job, wait_for
 
@@ -63,6 +65,52 @@ def test_labels_and_point_in_time_features(settings: Settings) -> None:
     assert samples["a3"]["label"] == 0
     a3 = dict(zip(FEATURE_NAMES, samples["a3"]["features"], strict=True))
     assert a3["user.60s.impressions"] == 1 and a3["user.60s.clicks"] == 1  # window ending T+3000
+
+
+def hopping_window_features(events: list[dict], t: int, entity: str, key: str, horizon_s: int,
+                            slide_s: int) -> dict[str, float]:
+    """What a hopping window gives an impression at `t`: the window ending at the newest slide
+    boundary at or before t, over the entity's events (the definition the job's tiles must equal)."""
+    end = t - t % (slide_s * 1000)
+    mine = [e for e in events if e[f"{entity}_id"] == key and end - horizon_s * 1000 <= e["event_time"] < end]
+    imps = sum(e["event_type"] == "impression" for e in mine)
+    clicks = sum(e["event_type"] == "click" for e in mine)
+    dwells = [e["dwell_ms"] for e in mine if e["dwell_ms"] is not None]
+    return {"impressions": imps, "clicks": clicks, "likes": sum(e["event_type"] == "like" for e in mine),
+            "ctr": clicks / imps if imps else 0.0, "dwell_mean_ms": sum(dwells) / len(dwells) if dwells else 0.0}
+
+
+def test_sample_features_equal_hopping_windows_over_a_random_stream(settings: Settings) -> None:
+    """Every sample's 20 features, computed by the job from tiles, against hopping windows computed here
+    from the same events: 900 events of 4 users and 5 items over 12 minutes, in time order."""
+    s = job_settings(settings, horizons_s=None, attribution_window_s=5)
+    create_topics(s)
+    rng = random.Random(7)
+    times = sorted(rng.randrange(0, 720_000) for _ in range(900))
+    kinds = rng.choices(["impression", "click", "like", "cart"], weights=[6, 2, 1, 1], k=len(times))
+    events = [event(f"e{n}", kind, f"u{rng.randrange(4)}", f"i{rng.randrange(5)}", at,
+                    dwell=rng.randrange(100, 5000) if kind == "click" and rng.random() < 0.7 else None)
+              for n, (at, kind) in enumerate(zip(times, kinds, strict=True))]
+    impressions = {e["event_id"]: e for e in events if e["event_type"] == "impression"
+                   and e["event_time"] < T + 700_000}  # later ones wait for labels after the flush
+    with running_job(s):
+        produce(s, [*events, event("flush", "impression", "u9", "i9", 800_000)])
+        got = wait_for(s, s.kafka.topics.samples, "TrainingSample",
+                       lambda got: set(impressions) <= {r["sample_id"] for r in got.records}, timeout_s=180)
+    samples = {r["sample_id"]: r for r in got.records}
+    slides = s.flink.horizon_slides_s
+    mismatched = []
+    for sid, imp in impressions.items():
+        features = dict(zip(FEATURE_NAMES, samples[sid]["features"], strict=True))
+        for entity in ("user", "item"):
+            for h in HORIZONS_S:
+                want = hopping_window_features(events, imp["event_time"], entity, imp[f"{entity}_id"], h, slides[h])
+                for agg, value in want.items():
+                    name = f"{entity}.{h}s.{agg}"
+                    if features[name] != float(np.float32(value)):
+                        mismatched.append((sid, name, features[name], value))
+    assert not mismatched, mismatched[:10]
+    assert len(impressions) > 400 and len(got.records) == len(samples)  # each sample once
 
 
 def test_an_engagement_behind_the_watermark_in_an_open_window_reaches_windows_and_lists(settings: Settings) -> None:
