@@ -161,6 +161,9 @@ OPTION_CASES: dict[str, dict[str, Any]] = {
     "parallelism_2": {"parallelism": 2},  # the events topic has 2 partitions
     # the sinks' producers: larger batches, waiting up to 20 ms to fill them, compressed
     "sink_batching": {"sink_producer": {"linger.ms": "20", "batch.size": "262144", "compression.type": "lz4"}},
+    # a bound, not a candidate (other features): the longer horizons fired once per window, not once per
+    # slide, which is what emitting per-slide windows costs the job (tiles would remove most of that)
+    "horizons_tumbling": {"horizon_slides_s": {60: 60, 600: 600}},
 }
 
 
