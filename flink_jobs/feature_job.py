@@ -137,10 +137,11 @@ def add_samples(settings: Settings, t_env: TableEnvironment, statements: Stateme
         user_recent = "user_recent"
     parts = [base_rows_sql(user_recent), label_rows_sql(f.attribution_window_s)]
     for entity in ("user", "item"):
+        for slide in sorted({slide_s(f, h) for h in HORIZONS_S}):  # horizons of one slide share their tiles
+            t_env.create_temporary_view(f"tiles_{entity}_{slide}",
+                                        t_env.sql_query(tiles_sql(entity, slide, "sample_events")))
         for h in HORIZONS_S:
             tiles, view = f"tiles_{entity}_{slide_s(f, h)}", f"f_{entity}_{h}"
-            if tiles not in t_env.list_temporary_views():  # the horizons with one slide share their tiles
-                t_env.create_temporary_view(tiles, t_env.sql_query(tiles_sql(entity, slide_s(f, h), "sample_events")))
             t_env.create_temporary_view(view, t_env.sql_query(horizon_before_tile_sql(tiles, h)))
             parts.append(feature_rows_sql(view, entity, h, slide_s(f, h)))
     t_env.create_temporary_view("sample_rows", t_env.sql_query("\nUNION ALL\n".join(parts)))

@@ -154,27 +154,26 @@ def test_ranks_of_two_agents_as_on_two_machines_lose_nothing_when_one_is_killed(
     first, second = make_samples(4000), make_samples(4000, seed=1, start=4000)
     produce_samples(s, first)
     launchers = agents(s, tmp_path, 2, "--idle-exit", "6")
-    logs = lambda: agent_logs(tmp_path)  # noqa: E731
     try:
         store = SnapshotStore(s.trainer.snapshot_dir)
         deadline = time.monotonic() + 180
         while not store.versions() and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert store.versions(), logs()
+        assert store.versions(), agent_logs(tmp_path)
         victims = rank_pids(launchers[1])
         assert len(victims) == 1, victims
         produce_samples(s, second)
         os.kill(next(iter(victims.values())), signal.SIGKILL)
-        assert [p.wait(300) for p in launchers] == [0, 0], logs()
+        assert [p.wait(300) for p in launchers] == [0, 0], agent_logs(tmp_path)
     finally:
         for p in launchers:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
     # whole logs: the tails (for the messages) can be filled by torch's warnings as the rendezvous closes
     text = agent_logs(tmp_path, None)
-    assert text.count("resumed from snapshot") >= 2, logs()  # both agents' new ranks
+    assert text.count("resumed from snapshot") >= 2, agent_logs(tmp_path)  # both agents' new ranks
     final = final_manifest(s)
-    assert (final.samples_seen, final.sample_digest) == (8000, digest(first + second)), logs()
+    assert (final.samples_seen, final.sample_digest) == (8000, digest(first + second)), agent_logs(tmp_path)
     assert sum(o["offset"] for o in final.offsets) == 8000
 
 
@@ -200,7 +199,6 @@ def test_an_agent_joining_and_leaving_a_running_job_changes_its_ranks_and_loses_
     s = settings_for(settings, tmp_path, "elastic", snapshot_every_samples=1000)
     parts = [make_samples(3000, seed=k, start=3000 * k) for k in range(3)]
     endpoint, run_id = f"127.0.0.1:{free_port()}", f"rtrec-{tmp_path.name}"
-    logs = lambda: agent_logs(tmp_path)  # noqa: E731
     store = SnapshotStore(s.trainer.snapshot_dir)
 
     def wait_for(samples: int) -> None:
@@ -210,7 +208,7 @@ def test_an_agent_joining_and_leaving_a_running_job_changes_its_ranks_and_loses_
             if version is not None and store.manifest(version).samples_seen >= samples:
                 return
             time.sleep(0.2)
-        raise AssertionError(f"no snapshot of {samples} samples\n{logs()}")
+        raise AssertionError(f"no snapshot of {samples} samples\n{agent_logs(tmp_path)}")
 
     produce_samples(s, parts[0])
     first = agent(s, tmp_path / "agent-0.log", endpoint, run_id, "1:2", "--idle-exit", "20")
@@ -219,9 +217,9 @@ def test_an_agent_joining_and_leaving_a_running_job_changes_its_ranks_and_loses_
         wait_for(3000)
         second = agent(s, tmp_path / "agent-1.log", endpoint, run_id, "1:2", "--idle-exit", "20")
         deadline = time.monotonic() + 180
-        while "rank 1 of 2 consumes" not in logs() and time.monotonic() < deadline:
+        while "rank 1 of 2 consumes" not in agent_logs(tmp_path) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert "rank 1 of 2 consumes" in logs(), logs()
+        assert "rank 1 of 2 consumes" in agent_logs(tmp_path), agent_logs(tmp_path)
         produce_samples(s, parts[1])
         wait_for(5000)  # trained by the two ranks (a snapshot every 1,000 samples), not their idle exit's
         if leaving == "SIGTERM":
@@ -233,12 +231,12 @@ def test_an_agent_joining_and_leaving_a_running_job_changes_its_ranks_and_loses_
             os.kill(next(iter(rank.values())), signal.SIGKILL)
         second.wait(60)
         produce_samples(s, parts[2])
-        assert first.wait(300) == 0, logs()
+        assert first.wait(300) == 0, agent_logs(tmp_path)
     finally:
         for p in (first, second):
             if p is not None and p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
-    text = logs()
+    text = agent_logs(tmp_path)
     final = final_manifest(s)
     assert (final.samples_seen, final.sample_digest) == (9000, digest(parts[0] + parts[1] + parts[2])), text
     assert sum(o["offset"] for o in final.offsets) == 9000
