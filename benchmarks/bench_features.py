@@ -39,7 +39,7 @@ from core.kafka import consumer_config, ensure_topics, producer_config
 from core.log_range import Earliest, Latest, LogRange
 from core.settings import Settings, load_settings
 from feature_store.loader import LoaderConfig, LoaderStats, run_loader
-from feature_store.redis_store import RedisFeatureStore
+from feature_store.redis_store import RedisFeatureStore, tile_layout
 from flink_jobs.ddl import columns, events_source_ddl
 from flink_jobs.environment import table_environment
 from flink_jobs.feature_job import build_job, decode_args, slide_s
@@ -240,21 +240,26 @@ def _horizons(s: Settings, horizons: tuple[int, ...]) -> Settings:
     return s.model_copy(update={"flink": s.flink.model_copy(update={"horizons_s": horizons})})
 
 
+TILES_MS = {h: tile * 1000 for h, tile in tile_layout(Settings().flink).items()}  # the default job's
+
+
 def feature_record(k: int, t: int) -> dict:
     return {"entity_type": "user", "entity_id": f"u{k}", "horizon_s": 3, "window_start": t - 3000, "window_end": t,
             "impressions": k % 7, "clicks": k % 3, "likes": 0, "carts": 0, "orders": 0, "ctr": 0.1,
-            "dwell_sum_ms": 100, "dwell_mean_ms": 50.0, "distinct_counterparts": 2}
+            "dwell_sum_ms": 100, "dwell_mean_ms": 50.0, "distinct_counterparts": 2, "dwell_count": 2}
 
 
 def loader_record(k: int, t: int) -> dict:
-    """A mix like the job's output: users, items and pairs over the three horizons, and one row in
-    eight a user's recent-engagements list (horizon 0) of five items."""
+    """A mix like the job's output: users, items and pairs over the three horizons (the longer ones as
+    the default job's tiles), and one row in eight a user's recent-engagements list (horizon 0) of five
+    items."""
     if k % 8 == 7:
         return {**feature_record(k, t), "horizon_s": 0, "recent_items": [f"i{k - j}" for j in range(5)],
                 "recent_types": ["click"] * 5, "recent_times_ms": [t - 1000 * j for j in range(5)]}
     entity_type = ("user", "item", "user_item")[k % 3]
+    horizon = (3, 3, 60, 600)[k % 4]
     return {**feature_record(k, t), "entity_type": entity_type, "entity_id": f"{entity_type[0]}{k % 50_000}",
-            "horizon_s": (3, 3, 60, 600)[k % 4]}
+            "horizon_s": horizon, "window_start": t - TILES_MS.get(horizon, horizon * 1000)}
 
 
 def loader_rate(settings: Settings, n_rows: int) -> None:
@@ -363,17 +368,19 @@ def reads(settings: Settings, n_entities: int = 20_000) -> None:
     """One caller, then four concurrent callers (threads sharing the store), each against
     redis-benchmark with its default 50 connections and with one, pipelining as deep as the batch."""
     s = isolated(settings)
-    store = RedisFeatureStore(s.redis.url, s.redis.key_prefix, 3600)
+    store = RedisFeatureStore.from_settings(s.redis, s.flink)
     now = int(time.time() * 1000)
-    records = [{**feature_record(i, now), "horizon_s": h} for i in range(n_entities) for h in (60, 600)]
+    # one tile per horizon: a ring is stored and read whole, however many of its tiles were written
+    records = [{**feature_record(i, now), "horizon_s": h, "window_start": now - TILES_MS[h]}
+               for i in range(n_entities) for h in (60, 600)]
     for start in range(0, len(records), 20_000):
         store.write_batch(records[start:start + 20_000])
     names = names_for("user")
     ids = [f"u{i}" for i in range(n_entities)]
     port = s.redis.url.rsplit(":", 1)[1].split("/")[0]
     for batch in (100, 1000):
-        reference = {clients: _redis_benchmark(port, f"{s.redis.key_prefix}:f:user:u1",
-                                               names + ["60s.__we", "600s.__we"], batch, clients)
+        reference = {clients: _redis_benchmark(port, f"{s.redis.key_prefix}:f:user:u1", store.fields_read(names),
+                                               batch, clients)
                      for clients in (50, 1)}
         for callers in (1, 4):
             rate, done = _read_rate(store, ids, names, batch, callers)

@@ -1,13 +1,22 @@
 """A batch of FeatureRecords as columns: what the Redis writer reads, from a bulk-decoded batch
 (`schemas.bulk`) without a record object per row, or from records.
 
->>> batch = FeatureColumns.of_records([
-...     {"entity_type": "user", "entity_id": "u1", "horizon_s": 3, "window_end": t, "impressions": t // 1000,
-...      "clicks": 0, "likes": 0, "carts": 0, "orders": 0, "ctr": 0.0, "dwell_sum_ms": 0, "dwell_mean_ms": 0.0,
-...      "distinct_counterparts": 1} for t in (6000, 9000, 3000)])
+>>> batch_rows = [
+...     {"entity_type": "user", "entity_id": "u1", "horizon_s": 3, "window_start": t - 3000, "window_end": t,
+...      "impressions": t // 1000, "clicks": 0, "likes": 0, "carts": 0, "orders": 0, "ctr": 0.0,
+...      "dwell_sum_ms": 0, "dwell_mean_ms": 0.0, "distinct_counterparts": 1, "dwell_count": 0}
+...     for t in (6000, 9000, 3000)]
+>>> batch = FeatureColumns.of_records(batch_rows)
 >>> keys = batch.keys("p")
 >>> keys[0], batch.newest_per_slot(keys).tolist(), batch.values(np.array([1]))[0, :2].tolist()
 (b'p:f:user:u1', [1], [9000.0, 9.0])
+
+A window shorter than its horizon is a tile: 60 s in tiles of 3 s is a ring of 20, and the tile
+[6000, 9000) sits at position 2 of it.
+
+>>> tiles = FeatureColumns.of_records([{**r, "horizon_s": 60} for r in batch_rows])
+>>> [a.tolist() for a in tiles.tiles], len(tiles.newest_per_slot(tiles.keys("p")))
+([[20, 20, 20], [1, 2, 0]], 3)
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from feature_store.keys import entity_key_prefix
+from feature_store.keys import TILE_VALUES, entity_key_prefix
 from schemas.bulk import BulkDecoded
 from schemas.registry import field_names
 
@@ -40,6 +49,7 @@ class FeatureColumns:
     entity_type: np.ndarray  # objects (str)
     entity_id: np.ndarray  # objects (str)
     horizon_s: np.ndarray  # int64
+    window_start: np.ndarray  # int64, epoch ms
     window_end: np.ndarray  # int64, epoch ms
     value_columns: dict[str, np.ndarray]  # VALUE_FIELDS
     recent_items: dict[str, tuple[np.ndarray, np.ndarray]]
@@ -50,7 +60,7 @@ class FeatureColumns:
     @classmethod
     def of_decoded(cls, decoded: BulkDecoded) -> FeatureColumns:
         c = decoded.columns
-        return cls(c["entity_type"], c["entity_id"], c["horizon_s"], c["window_end"],
+        return cls(c["entity_type"], c["entity_id"], c["horizon_s"], c["window_start"], c["window_end"],
                    {name: c[name] for name in VALUE_FIELDS},
                    {name: (c[name], decoded.lengths[name]) for name in RECENT_FIELDS})
 
@@ -65,7 +75,8 @@ class FeatureColumns:
             recent[name] = (np.array([v for row in lists for v in row], dtype=object),
                             np.array([len(row) for row in lists], dtype=np.int64))
         return cls(column("entity_type", object), column("entity_id", object), column("horizon_s", np.int64),
-                   column("window_end", np.int64), {name: column(name, np.float64) for name in VALUE_FIELDS},
+                   column("window_start", np.int64), column("window_end", np.int64),
+                   {name: column(name, np.float64) for name in VALUE_FIELDS},
                    recent)
 
     def keys(self, prefix: str) -> list[bytes]:
@@ -73,18 +84,38 @@ class FeatureColumns:
         return [(entity_key_prefix(prefix, t) + i).encode()
                 for t, i in zip(self.entity_type.tolist(), self.entity_id.tolist(), strict=True)]
 
+    @cached_property
+    def tiles(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per row, the ring it belongs to (tiles per horizon, 0 for a whole window: one no shorter
+        than its horizon) and its position in that ring (-1 for a whole window); feature_store.keys."""
+        length = self.window_end - self.window_start
+        is_tile = (length > 0) & (length < self.horizon_s * 1000)
+        length = np.where(is_tile, length, 1)
+        uneven = is_tile & (self.horizon_s * 1000 % length != 0)
+        if uneven.any():
+            row = int(np.flatnonzero(uneven)[0])
+            raise ValueError(f"a tile of {int(length[row])} ms does not divide its horizon of "
+                             f"{int(self.horizon_s[row])} s (flink.horizon_slides_s)")
+        ring = np.where(is_tile, self.horizon_s * 1000 // length, 0)
+        return ring, np.where(is_tile, self.window_start // length % np.maximum(ring, 1), -1)
+
     def newest_per_slot(self, keys: Sequence[bytes]) -> np.ndarray:
-        """The rows to write: per (key, horizon), the one with the latest window end (of equal ends,
-        the last), as the store would keep them written one after the other."""
+        """The rows to write: per (key, horizon, ring position), the one with the latest window end (of
+        equal ends, the last), as the store would keep them written one after the other."""
         order = np.argsort(self.window_end, kind="stable")
-        horizons = self.horizon_s.tolist()
+        horizons, positions = self.horizon_s.tolist(), self.tiles[1].tolist()
         # visited oldest first, so each slot keeps the last row it meets
-        newest = {(keys[i], horizons[i]): i for i in order.tolist()}
+        newest = {(keys[i], horizons[i], positions[i]): i for i in order.tolist()}
         return np.sort(np.fromiter(newest.values(), dtype=np.int64, count=len(newest)))
 
     def values(self, rows: np.ndarray) -> np.ndarray:
         """[rows, 1 + VALUE_FIELDS]: the window end, then the values, as float64."""
         return np.column_stack([self.window_end[rows], *(self.value_columns[n][rows] for n in VALUE_FIELDS)]
+                               ).astype(np.float64)
+
+    def tile_values(self, rows: np.ndarray) -> np.ndarray:
+        """[rows, 1 + TILE_VALUES]: the window end, then what a tile keeps, as float64."""
+        return np.column_stack([self.window_end[rows], *(self.value_columns[n][rows] for n in TILE_VALUES)]
                                ).astype(np.float64)
 
     def recent(self, row: int) -> dict[str, list[Any]]:

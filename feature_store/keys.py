@@ -17,6 +17,18 @@ A user's hash also holds the user's recent engagements, as of the end of the win
 for: `0s.__we` (that end, 8 bytes like the others) and `recent`, JSON
 `{"items": [...], "types": [...], "times_ms": [...]}`, newest first.
 
+A longer horizon whose window hops (the feature job's `flink.horizon_slides_s`: 3 s for 60 s, 30 s
+for 600 s) is kept as tiles, a tumbling window of its hop each, instead of one window: the field
+`{horizon}s.tiles` holds a ring of horizon / hop tiles, tile k of the ring at byte k * TILE_BYTES. A tile
+is its window end, then TILE_VALUES, each 8 bytes like the others; a tile whose window end is 0 was
+never written. Each ring position is replaced only by a tile that ends later (newest wins). The hash
+`{prefix}:progress` holds per horizon (the same field name) the newest tile end written: a read adds up
+each entity's tiles ending in (progress - horizon, progress], the hopping window that ends at the
+store's progress in event time.
+
+>>> tiles_field(600), progress_key("rtrec"), TILE_BYTES
+('600s.tiles', 'rtrec:progress', 72)
+
 A user-item pair's id joins the two with `|`, each with a backslash or `|` in it escaped by a backslash, so two
 different pairs never share a key (before, user `uA|iB` + item `C` and user `uA` + item `iB|C` did).
 Ids without those characters look as they always did:
@@ -30,6 +42,11 @@ from __future__ import annotations
 # The horizon of a user's recent-engagements record, and the field holding the list.
 RECENT_HORIZON_S = 0
 RECENT_FIELD = "recent"
+# What a tile keeps after its window end: the sums a horizon adds up (a ratio is merged from its
+# parts), and distinct_counterparts, which a reader takes the most of (distinct ids do not add up).
+TILE_VALUES = ("impressions", "clicks", "likes", "carts", "orders", "dwell_sum_ms", "dwell_count",
+               "distinct_counterparts")
+TILE_BYTES = 8 * (1 + len(TILE_VALUES))
 
 
 def entity_key(prefix: str, entity_type: str, entity_id: str) -> str:
@@ -47,6 +64,14 @@ def field_name(horizon_s: int, feature: str) -> str:
 
 def window_end_field(horizon_s: int) -> str:
     return f"{horizon_s}s.__we"
+
+
+def tiles_field(horizon_s: int) -> str:
+    return f"{horizon_s}s.tiles"
+
+
+def progress_key(prefix: str) -> str:
+    return f"{prefix}:progress"
 
 
 def split_feature_name(name: str) -> tuple[int, str]:

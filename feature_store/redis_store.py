@@ -8,6 +8,10 @@ decoded in bulk, `schemas.bulk`, needs no record objects): every slot of one hor
 field names, so its arguments are one fixed template with the values copied in, where redis-py's
 pipeline encoded each of twenty arguments per slot in Python.
 
+A tile of a longer horizon goes into its position of the entity's ring (`feature_store.keys`) by a
+second script, which splices it in when it ends at or after the tile there, and raises the horizon's
+progress. A read of such a horizon fetches the ring and adds its tiles up in numpy.
+
 Every value is stored as 8 bytes, a little-endian float64: a read turns the replies into a matrix
 with one `np.frombuffer`, where decimal text cost a parse per value, and Redis answers faster too
 (it keeps short decimal strings as integers and formats them back on every read). Reads are plain
@@ -30,18 +34,23 @@ import hiredis
 import numpy as np
 import redis
 
-from core.settings import RedisSettings
+from core.settings import FlinkSettings, RedisSettings
 from feature_store.base import UNKNOWN_WINDOW_END, OnlineFeatures, RecentEngagements
 from feature_store.columns import VALUE_FIELDS, FeatureColumns
 from feature_store.keys import (
     RECENT_FIELD,
     RECENT_HORIZON_S,
+    TILE_BYTES,
+    TILE_VALUES,
     entity_key,
     entity_key_prefix,
     field_name,
+    progress_key,
     split_feature_name,
+    tiles_field,
     window_end_field,
 )
+from schemas.feature_set import HORIZONS_S
 
 # Many slots per call. KEYS: the entity hashes. ARGV: ttl_s, fields per slot, then per key that
 # many field/value pairs, the window end's first. Values are packed float64s (struct '<d'). A slot
@@ -62,6 +71,33 @@ end
 return written
 """
 NEWEST_WINS_SHA = hashlib.sha1(NEWEST_WINS.encode()).hexdigest().encode()  # Redis names a script by it
+# Many tiles of one horizon per call. KEYS: the progress hash, then the entity hashes. ARGV: ttl_s, the
+# ring's field, tiles per ring, bytes per tile, then per entity its ring position and its tile (the
+# window end first). A ring of another length (flink.horizon_slides_s changed) starts over.
+TILES_NEWEST_WINS = """
+local ttl, field, n, width = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local written, newest = 0, 0
+for k = 2, #KEYS do
+  local at = tonumber(ARGV[2 * k + 1]) * width
+  local tile = ARGV[2 * k + 2]
+  local ends = struct.unpack('<d', tile)
+  if ends > newest then newest = ends end
+  local ring = redis.call('HGET', KEYS[k], field)
+  if not ring or #ring ~= n * width then ring = string.rep('\0', n * width) end
+  if struct.unpack('<d', ring, at + 1) <= ends then
+    redis.call('HSET', KEYS[k], field, string.sub(ring, 1, at) .. tile .. string.sub(ring, at + width + 1))
+    if ttl > 0 then redis.call('EXPIRE', KEYS[k], ttl) end
+    written = written + 1
+  end
+end
+local progress = redis.call('HGET', KEYS[1], field)
+if not progress or #progress ~= 8 or struct.unpack('<d', progress) < newest then
+  redis.call('HSET', KEYS[1], field, struct.pack('<d', newest))
+end
+return written
+"""
+SCRIPTS = {hashlib.sha1(s.encode()).hexdigest().encode(): s for s in (NEWEST_WINS, TILES_NEWEST_WINS)}
+TILES_NEWEST_WINS_SHA = next(sha for sha, s in SCRIPTS.items() if s == TILES_NEWEST_WINS)
 VALUE_BYTES = 8
 PACKED_NAN = np.float64(np.nan).tobytes()
 SLOTS_PER_CALL = 500
@@ -71,18 +107,23 @@ ENTITIES_PER_SEND = 10_000  # bounds the request and reply held in memory at onc
 class RedisFeatureStore:
     """FeatureWriter and FeatureReader over one Redis database; the client is created on first use."""
 
-    def __init__(self, url: str, key_prefix: str, ttl_s: int, connection: Mapping[str, Any] | None = None) -> None:
-        """`connection`: what `redis.Redis.from_url` needs beyond the URL (ACL user, password, TLS files)."""
+    def __init__(self, url: str, key_prefix: str, ttl_s: int, connection: Mapping[str, Any] | None = None,
+                 tiles_s: Mapping[int, int] | None = None) -> None:
+        """`connection`: what `redis.Redis.from_url` needs beyond the URL (ACL user, password, TLS files).
+        `tiles_s`: the horizons kept as tiles, with their tile length (`tile_layout`); the others are
+        read as one window each."""
         self.url = url
         self.connection = dict(connection or {})
         self.prefix = key_prefix
         self.ttl_s = ttl_s
+        self.tiles_s = dict(tiles_s or {})
         self._client: redis.Redis | None = None
 
     @classmethod
-    def from_settings(cls, redis_settings: RedisSettings) -> RedisFeatureStore:
+    def from_settings(cls, redis_settings: RedisSettings, flink: FlinkSettings) -> RedisFeatureStore:
+        """The store of these Redis settings, read with the tiles the feature job of `flink` writes."""
         return cls(redis_settings.url, redis_settings.key_prefix, redis_settings.ttl_s,
-                   redis_settings.connection_kwargs())
+                   redis_settings.connection_kwargs(), tile_layout(flink))
 
     @property
     def client(self) -> redis.Redis:
@@ -100,10 +141,15 @@ class RedisFeatureStore:
             return 0
         keys = batch.keys(self.prefix)
         rows = batch.newest_per_slot(keys)
+        rings, positions = (a[rows] for a in batch.tiles)
         horizons = batch.horizon_s[rows]
         commands: list[bytes] = []
-        for horizon in np.unique(horizons).tolist():
-            of_horizon = rows[horizons == horizon]
+        for horizon, ring in sorted({*zip(horizons.tolist(), rings.tolist(), strict=True)}):
+            of_ring = (horizons == horizon) & (rings == ring)
+            if ring:
+                commands += self._tiles_commands(horizon, ring, rows[of_ring], positions[of_ring], batch, keys)
+                continue
+            of_horizon = rows[of_ring]
             for start in range(0, len(of_horizon), SLOTS_PER_CALL):
                 chunk = of_horizon[start:start + SLOTS_PER_CALL]
                 chunk_keys = [keys[i] for i in chunk.tolist()]
@@ -121,6 +167,21 @@ class RedisFeatureStore:
         args[:, value_at + np.arange(VALUE_BYTES)[None, :]] = packed
         return self._script_call(keys, [self.ttl_s, len(value_at)], args.tobytes(), len(keys) * 2 * len(value_at))
 
+    def _tiles_commands(self, horizon_s: int, ring: int, rows: np.ndarray, positions: np.ndarray,
+                        batch: FeatureColumns, keys: list[bytes]) -> list[bytes]:
+        """Calls of the tiles script for tiles of one horizon and ring length."""
+        head = [tiles_field(horizon_s).encode(), b"%d" % ring, b"%d" % TILE_BYTES]
+        tiles = np.ascontiguousarray(batch.tile_values(rows), dtype="<f8").tobytes()
+        commands = []
+        for start in range(0, len(rows), SLOTS_PER_CALL):
+            chunk = range(start, min(start + SLOTS_PER_CALL, len(rows)))
+            args = [part for i in chunk for part in (b"%d" % positions[i],
+                                                     tiles[i * TILE_BYTES:(i + 1) * TILE_BYTES])]
+            commands.append(self._script_call([progress_key(self.prefix).encode(), *(keys[rows[i]] for i in chunk)],
+                                              [self.ttl_s], _bulk_strings([*head, *args]), len(head) + len(args),
+                                              TILES_NEWEST_WINS_SHA))
+        return commands
+
     def _lists_command(self, batch: FeatureColumns, rows: np.ndarray, keys: list[bytes]) -> bytes:
         """One call of the script for users' recent engagements, newest window wins as for the other slots."""
         end_field, recent_field = window_end_field(RECENT_HORIZON_S).encode(), RECENT_FIELD.encode()
@@ -130,11 +191,12 @@ class RedisFeatureStore:
             parts += (end_field, struct.pack("<d", batch.window_end[row]), recent_field, listed)
         return self._script_call(keys, [self.ttl_s, 2], _bulk_strings(parts), len(parts))
 
-    def _script_call(self, keys: list[bytes], head_args: list[int], args: bytes, n_args: int) -> bytes:
-        """EVALSHA of the newest-wins script in RESP: the keys, `head_args`, then `args` (already RESP)."""
+    def _script_call(self, keys: list[bytes], head_args: list[int], args: bytes, n_args: int,
+                     sha: bytes = NEWEST_WINS_SHA) -> bytes:
+        """EVALSHA of a script in RESP: the keys, `head_args`, then `args` (already RESP)."""
         head = [str(a).encode() for a in head_args]
         return (b"*%d\r\n$7\r\nEVALSHA\r\n" % (3 + len(keys) + len(head) + n_args)
-                + _bulk_strings([NEWEST_WINS_SHA, b"%d" % len(keys), *keys, *head]) + args)
+                + _bulk_strings([sha, b"%d" % len(keys), *keys, *head]) + args)
 
     def _send_scripts(self, commands: list[bytes], loaded: bool = False) -> list[int]:
         """Sends the script calls in one round trip; their replies (slots replaced per call). A Redis that
@@ -143,7 +205,8 @@ class RedisFeatureStore:
         replies = self._round_trip(commands, len(commands))
         errors = [r for r in replies if isinstance(r, Exception)]
         if not loaded and any(str(e).startswith("NOSCRIPT") for e in errors):
-            self.client.script_load(NEWEST_WINS)
+            for script in SCRIPTS.values():
+                self.client.script_load(script)
             return self._send_scripts(commands, loaded=True)
         if errors:
             raise redis.ResponseError(f"writing features: {errors[0]}")
@@ -164,29 +227,52 @@ class RedisFeatureStore:
         return got
 
     def get_online_features(self, entity_type: str, ids: Sequence[str], names: Sequence[str]) -> OnlineFeatures:
-        plan = _read_plan(tuple(names))
+        plan = _read_plan(tuple(names), tuple(sorted(self.tiles_s.items())))
         prefix = entity_key_prefix(self.prefix, entity_type)
         flat: list[bytes | None] = []
+        progress: list[bytes | None] = []
         for start in range(0, len(ids), ENTITIES_PER_SEND):
-            flat += self._hmget_each(prefix.encode(), ids[start:start + ENTITIES_PER_SEND], plan)
-        try:
-            joined = b"".join(flat)  # type: ignore[arg-type]
-        except TypeError:  # a missing value (None): rarer than not, so only then looked for
-            joined = b"".join([PACKED_NAN if v is None else v for v in flat])
-        if len(joined) != len(flat) * VALUE_BYTES:
-            raise ValueError(f"values under {prefix}* are not 8-byte float64s: written by another version of "
-                             "the store? Use a new redis.key_prefix or let the old keys expire (redis.ttl_s)")
-        matrix = np.frombuffer(joined, dtype="<f8").reshape(len(ids), plan.width)
-        ends = matrix[:, plan.end_columns]  # fancy indexing: a copy, writable
-        ends[np.isnan(ends)] = UNKNOWN_WINDOW_END
-        return OnlineFeatures(list(names), matrix[:, :len(names)], ends.astype(np.int64))
+            chunk = ids[start:start + ENTITIES_PER_SEND]
+            if plan.tiled and not start:  # the progress travels with the first chunk's reads
+                progress, *replies = self._hmget_each(prefix.encode(), chunk, plan, self._progress_command(plan))
+                flat += _concatenated(replies)
+            else:
+                flat += _concatenated(self._hmget_each(prefix.encode(), chunk, plan))
+        n = len(ids)
+        plain = _float64s([flat[c::plan.width] for c in range(plan.plain_width)], VALUE_BYTES, prefix)
+        plain = plain.reshape(plan.plain_width, n).T
+        values, ends = np.empty((n, len(names))), np.empty((n, len(names)), dtype=np.int64)
+        for column, (source, at) in enumerate(plan.sources):
+            if source < 0:
+                values[:, column] = plain[:, at]
+                end = plain[:, plan.end_columns[column]]
+                ends[:, column] = np.where(np.isnan(end), UNKNOWN_WINDOW_END, end)
+        for r, (horizon, ring) in enumerate(plan.tiled):
+            tiles = _float64s([flat[plan.plain_width + r::plan.width]], ring * TILE_BYTES, prefix)
+            as_of = None if progress[r] is None else float(np.frombuffer(progress[r], dtype="<f8")[0])
+            merged, end = merge_tiles(tiles.reshape(n, ring, -1), horizon, as_of)
+            for column, (source, feature) in enumerate(plan.sources):
+                if source == r:
+                    values[:, column] = merged.get(feature, np.nan)
+                    ends[:, column] = end
+        return OnlineFeatures(list(names), values, ends)
 
-    def _hmget_each(self, prefix: bytes, ids: Sequence[str], plan: _ReadPlan) -> list[bytes | None]:
-        """`HMGET prefix+id *fields` for every id in one round trip; None where a value is missing."""
+    def fields_read(self, names: Sequence[str]) -> list[str]:
+        """The hash fields one entity's read of `names` asks for (the progress is read once per call)."""
+        return _read_plan(tuple(names), tuple(sorted(self.tiles_s.items()))).fields
+
+    def _progress_command(self, plan: _ReadPlan) -> bytes:
+        fields = [tiles_field(h).encode() for h, _ in plan.tiled]
+        return (b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2)
+                + _bulk_strings([progress_key(self.prefix).encode(), *fields]))
+
+    def _hmget_each(self, prefix: bytes, ids: Sequence[str], plan: _ReadPlan, first: bytes = b"") -> list[Any]:
+        """`HMGET prefix+id *fields` for every id in one round trip, after the command `first` if given:
+        the replies (None where a value is missing)."""
         # one %-format per key: concatenating the parts copied the long field list several times
-        payload = b"".join([b"%s$%d\r\n%s%s\r\n%s" % (plan.head, len(prefix) + len(e), prefix, e, plan.tail)
-                            for e in (entity_id.encode() for entity_id in ids)])
-        return _concatenated(self._round_trip([payload], len(ids)))
+        payload = b"".join([first, *(b"%s$%d\r\n%s%s\r\n%s" % (plan.head, len(prefix) + len(e), prefix, e, plan.tail)
+                                     for e in (entity_id.encode() for entity_id in ids))])
+        return self._round_trip([payload], len(ids) + bool(first))
 
     def _round_trip(self, payload: Sequence[bytes], n_replies: int) -> list[Any]:
         """Pre-encoded commands out on one pooled connection, their `n_replies` replies back (an error
@@ -219,12 +305,64 @@ def _bulk_strings(parts: Sequence[bytes]) -> bytes:
     return b"".join([b"$%d\r\n%s\r\n" % (len(p), p) for p in parts])
 
 
+def merge_tiles(tiles: np.ndarray, horizon_s: int, as_of_ms: float | None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Each entity's horizon from its ring `tiles` [entity, tile, window end + TILE_VALUES]: the tiles
+    ending in (as_of - horizon, as_of] added up, ratios from the sums, distinct counterparts the most of
+    any tile. Without `as_of_ms` (no progress written), each entity's newest tile end. Returns the
+    values by feature name, NaN for an entity with no tile at all, and the window end (as_of) per
+    entity, UNKNOWN_WINDOW_END for those.
+
+    >>> ring = np.zeros((2, 3, 9)); ring[0, :, 0] = [3000, 6000, 9000]; ring[0, :, 1] = [1, 2, 4]
+    >>> ring[0, :, 2] = [1, 0, 1]; ring[0, :, 8] = [3, 1, 2]
+    >>> merged, ends = merge_tiles(ring, 6, 9000.0)
+    >>> merged["impressions"].tolist(), round(float(merged["ctr"][0]), 3), merged["distinct_counterparts"].tolist()
+    ([6.0, nan], 0.167, [2.0, nan])
+    >>> ends.tolist()
+    [9000, -1]
+    """
+    ends = tiles[:, :, 0]
+    as_of = ends.max(axis=1) if as_of_ms is None else np.full(len(tiles), as_of_ms)
+    in_horizon = (ends > as_of[:, None] - horizon_s * 1000) & (ends <= as_of[:, None])
+    counted = np.where(in_horizon[:, :, None], tiles[:, :, 1:], 0.0)
+    merged = dict(zip(TILE_VALUES, counted.sum(axis=1).T, strict=True))
+    merged["distinct_counterparts"] = counted[:, :, TILE_VALUES.index("distinct_counterparts")].max(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        merged["ctr"] = np.where(merged["impressions"] > 0, merged["clicks"] / merged["impressions"], 0.0)
+        merged["dwell_mean_ms"] = np.where(merged["dwell_count"] > 0,
+                                           merged["dwell_sum_ms"] / merged["dwell_count"], 0.0)
+    known = (ends > 0).any(axis=1)
+    for column in merged.values():
+        column[~known] = np.nan
+    return merged, np.where(known, as_of, UNKNOWN_WINDOW_END).astype(np.int64)
+
+
+def tile_layout(flink: FlinkSettings) -> dict[int, int]:
+    """The horizons the feature job of `flink` writes as tiles, with their tile length (s): those whose
+    window hops (flink.horizon_slides_s, else the base window), the feature set's by default.
+
+    >>> tile_layout(FlinkSettings()), tile_layout(FlinkSettings(horizons_s=(60,), horizon_slides_s={60: 60}))
+    ({60: 3, 600: 30}, {})
+    """
+    tiles = {}
+    for horizon in flink.horizons_s or HORIZONS_S:
+        tile = flink.horizon_slides_s.get(horizon, flink.window_s)
+        if tile < horizon:
+            if horizon % tile:
+                raise ValueError(f"flink.horizon_slides_s: {tile} s does not divide the horizon of {horizon} s")
+            tiles[horizon] = tile
+    return tiles
+
+
 @dataclass(frozen=True)
 class _ReadPlan:
     """What one list of feature names turns into on the wire, worked out once per list."""
 
-    width: int  # fields per entity: the names, then one window end per horizon
-    end_columns: list[int]  # per name, the column of its horizon's window end
+    width: int  # fields per entity: the plain names, one window end per plain horizon, one ring per tiled one
+    plain_width: int  # the fields before the rings
+    sources: list[tuple[int, Any]]  # per name: (-1, its plain column) or (its ring's index, its feature)
+    end_columns: list[int]  # per name, the plain column of its horizon's window end (-1 for a tiled one)
+    tiled: list[tuple[int, int]]  # (horizon, tiles per ring) per ring read
+    fields: list[str]
     head: bytes  # RESP before the key
     tail: bytes  # RESP after the key: the fields
 
@@ -236,13 +374,43 @@ def _slot_fields(horizon_s: int) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=64)
-def _read_plan(names: tuple[str, ...]) -> _ReadPlan:
+def _read_plan(names: tuple[str, ...], tiles_s: tuple[tuple[int, int], ...]) -> _ReadPlan:
+    tile_of = dict(tiles_s)
     parsed = [split_feature_name(n) for n in names]
-    horizons = sorted({h for h, _ in parsed})
-    fields = [*names, *(window_end_field(h) for h in horizons)]
+    plain = [n for n, (h, _) in zip(names, parsed, strict=True) if h not in tile_of]
+    plain_horizons = sorted({h for h, _ in parsed if h not in tile_of})
+    tiled = sorted({h for h, _ in parsed if h in tile_of})
+    fields = [*plain, *(window_end_field(h) for h in plain_horizons)]
+    plain_width = len(fields)
+    fields += [tiles_field(h) for h in tiled]
+    sources: list[tuple[int, Any]] = []
+    end_columns = []
+    for name, (horizon, feature) in zip(names, parsed, strict=True):
+        if horizon in tile_of:
+            sources.append((tiled.index(horizon), feature))
+            end_columns.append(-1)
+        else:
+            sources.append((-1, plain.index(name)))
+            end_columns.append(len(plain) + plain_horizons.index(horizon))
     tail = b"".join(b"$%d\r\n%s\r\n" % (len(f), f) for f in (f.encode() for f in fields))
-    return _ReadPlan(len(fields), [len(names) + horizons.index(h) for h, _ in parsed],
-                     b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2), tail)
+    return _ReadPlan(len(fields), plain_width, sources, end_columns,
+                     [(h, h // tile_of[h]) for h in tiled], fields, b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2), tail)
+
+
+def _float64s(columns: list[list[bytes | None]], size: int, prefix: str) -> np.ndarray:
+    """The replies of `columns`, each `size` bytes of float64s (a missing one: NaNs, or for a ring
+    zeros, a tile never written), concatenated into one flat array."""
+    flat = [v for column in columns for v in column]
+    try:
+        joined = b"".join(flat)  # type: ignore[arg-type]
+    except TypeError:  # a missing value (None): rarer than not, so only then looked for
+        missing = PACKED_NAN if size == VALUE_BYTES else bytes(size)
+        joined = b"".join([missing if v is None else v for v in flat])
+    if len(joined) != len(flat) * size:
+        raise ValueError(f"values under {prefix}* are not what this store writes ({size}-byte float64 fields): "
+                         "written by another version of it, or with other flink.horizon_slides_s? Use a new "
+                         "redis.key_prefix or let the old keys expire (redis.ttl_s)")
+    return np.frombuffer(joined, dtype="<f8")
 
 
 def _concatenated(replies: list[Any]) -> list[bytes | None]:

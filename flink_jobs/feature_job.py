@@ -74,7 +74,7 @@ def build_job(settings: Settings, t_env: TableEnvironment, log_range: LogRange |
     windows = [(f.window_s, f.window_s), *((h, slide_s(f, h)) for h in f.horizons_s or HORIZONS_S)]
     # One INSERT (a UNION ALL): a Kafka sink per INSERT would need its own transactional id prefix.
     # user-item pairs get the base window only: their long horizons would multiply the output rows.
-    queries = [window_sql(entity, size_s, slide_s) for entity in ("user", "item") for size_s, slide_s in windows]
+    queries = [window_sql(entity, horizon, tile) for entity in ("user", "item") for horizon, tile in windows]
     queries.append(window_sql("user_item", f.window_s, f.window_s))
     if lists is not None:
         queries.append(recent_lists_sql(lists, f.window_s))

@@ -1,6 +1,8 @@
 """The window SQL of the feature job (pure: text only).
 
->>> "TUMBLE(TABLE events, DESCRIPTOR(event_time), INTERVAL '3' SECOND(2))" in window_sql("user", 3, 3)
+>>> "TUMBLE(TABLE events, DESCRIPTOR(event_time), INTERVAL '3' SECOND(2))" in window_sql("user", 60, 3)
+True
+>>> "CAST(60 AS INT) AS horizon_s" in window_sql("user", 60, 3)
 True
 >>> "DISTINCT" in window_sql("user_item", 3, 3), "COUNT(DISTINCT item_id)" in window_sql("user", 3, 3)
 (False, True)
@@ -41,14 +43,14 @@ def interval(seconds: int) -> str:
     return f"INTERVAL '{days} {hrs:02d}:{mins:02d}:{secs:02d}' DAY TO SECOND"
 
 
-def window_table(size_s: int, slide_s: int, source: str = "events") -> str:
-    if slide_s >= size_s:
-        return f"TUMBLE(TABLE {source}, DESCRIPTOR(event_time), {interval(size_s)})"
-    return f"HOP(TABLE {source}, DESCRIPTOR(event_time), {interval(slide_s)}, {interval(size_s)})"
+def tumble_table(size_s: int, source: str = "events") -> str:
+    return f"TUMBLE(TABLE {source}, DESCRIPTOR(event_time), {interval(size_s)})"
 
 
-def window_sql(entity_type: str, size_s: int, slide_s: int) -> str:
-    """One FeatureRecord row per entity and window; the `headers` column carries the schema id."""
+def window_sql(entity_type: str, horizon_s: int, tile_s: int) -> str:
+    """One FeatureRecord row per entity and tumbling window of `tile_s`; the `headers` column carries the
+    schema id. With `tile_s` shorter than `horizon_s` the row is a tile of that horizon: the online store
+    adds a horizon's tiles up when it is read (a hopping window would emit every key once per slide)."""
     key = ENTITY_KEYS[entity_type]
     impressions, clicks = _count("impression"), _count("click")
     dwell_n = "COUNT(dwell_ms)"
@@ -57,7 +59,7 @@ def window_sql(entity_type: str, size_s: int, slide_s: int) -> str:
   CAST({key} AS BYTES) AS entity_id_key,
   {quote(entity_type)} AS entity_type,
   {key} AS entity_id,
-  CAST({size_s} AS INT) AS horizon_s,
+  CAST({horizon_s} AS INT) AS horizon_s,
   window_start,
   window_end,
   {impressions} AS impressions,
@@ -70,8 +72,9 @@ def window_sql(entity_type: str, size_s: int, slide_s: int) -> str:
   CASE WHEN {dwell_n} > 0 THEN CAST(SUM(dwell_ms) AS DOUBLE) / {dwell_n} ELSE 0.0 END AS dwell_mean_ms,
   CAST({counterparts} AS BIGINT) AS distinct_counterparts,
   {NO_RECENT},
+  CAST({dwell_n} AS BIGINT) AS dwell_count,
   {header_literal('FeatureRecord')} AS headers
-FROM TABLE({window_table(size_s, slide_s)})
+FROM TABLE({tumble_table(tile_s)})
 GROUP BY window_start, window_end, {key}"""
 
 

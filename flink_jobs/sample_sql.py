@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from feature_store.keys import RECENT_HORIZON_S
 from flink_jobs.ddl import header_literal, quote
-from flink_jobs.feature_sql import ENTITY_KEYS, interval, window_table
+from flink_jobs.feature_sql import ENTITY_KEYS, interval, tumble_table
 from schemas.feature_set import AGGREGATES, FEATURE_NAMES, FEATURE_SET
 
 _AGG_COLUMNS = {"impressions": "CAST(impressions AS DOUBLE)", "clicks": "CAST(clicks AS DOUBLE)",
@@ -51,7 +51,7 @@ def tiles_sql(entity_type: str, tile_s: int, source: str) -> str:
   COUNT(*) FILTER (WHERE event_type = 'impression') AS impressions,
   COUNT(*) FILTER (WHERE event_type = 'click') AS clicks, COUNT(*) FILTER (WHERE event_type = 'like') AS likes,
   CAST(COALESCE(SUM(dwell_ms), 0) AS BIGINT) AS dwell_sum, COUNT(dwell_ms) AS dwell_n
-FROM TABLE({window_table(tile_s, tile_s, source)})
+FROM TABLE({tumble_table(tile_s, source)})
 GROUP BY window_start, window_end, window_time, {key}"""
 
 
@@ -88,6 +88,7 @@ def recent_lists_sql(lists: str, window_s: int) -> str:
   CAST({RECENT_HORIZON_S} AS INT) AS horizon_s, window_start, window_end, {zeros}, 0.0 AS ctr,
   CAST(0 AS BIGINT) AS dwell_sum_ms, 0.0 AS dwell_mean_ms, CAST(0 AS BIGINT) AS distinct_counterparts,
   w.newest.items AS recent_items, w.newest.types AS recent_types, w.newest.times_ms AS recent_times_ms,
+  CAST(0 AS BIGINT) AS dwell_count,
   {header_literal('FeatureRecord')} AS headers
 FROM (SELECT user_id, window_start, window_end,
     RTREC_NEWEST_LIST(recent.items, recent.types, recent.times_ms) AS newest

@@ -100,7 +100,7 @@ def run_backfill(settings: Settings, log_range: LogRange, with_samples: bool = T
     _wait(job, s, offsets, with_samples, say)
     # read_committed: a bounded job's transactions all commit, and the loader waits for them
     loaded = run_loader(LoaderConfig.from_settings(s, isolation_level="read_committed"),
-                        RedisFeatureStore.from_settings(s.redis), idle_exit_s=3.0)
+                        RedisFeatureStore.from_settings(s.redis, s.flink), idle_exit_s=3.0)
     say(f"[backfill] {loaded.records} feature records loaded into Redis, {loaded.slots_written} slots updated "
         "(windows older than a slot's live value change nothing)")
     result = BackfillResult(run_id, k.topics.features, k.topics.samples if with_samples else None, loaded)

@@ -80,7 +80,7 @@ def run_demo(base: Settings, seconds: float, rate: float, say: Callable[[str], N
     say(f"[flink] starting the feature job (embedded mini-cluster), run {run_id}")
     job = start_job(s, resume=False)
     client = job.get_job_client()
-    store = RedisFeatureStore.from_settings(s.redis)
+    store = RedisFeatureStore.from_settings(s.redis, s.flink)
     loader_stats: list[LoaderStats] = []
     loader = threading.Thread(target=lambda: loader_stats.append(run_loader(
         LoaderConfig.from_settings(s), store, should_stop=stop.is_set)), name="redis-loader")

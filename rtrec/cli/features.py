@@ -61,7 +61,8 @@ def _run_job(settings: Settings, fresh: bool, no_loader: bool, stop: threading.E
 
     def load() -> None:
         try:
-            run_loader(LoaderConfig.from_settings(settings), RedisFeatureStore.from_settings(settings.redis),
+            run_loader(LoaderConfig.from_settings(settings),
+                       RedisFeatureStore.from_settings(settings.redis, settings.flink),
                        should_stop=stop.is_set, metrics=_loader_metrics(settings))
         except BaseException as exc:  # reported by the main thread, which then ends the process non-zero
             loader_failed.append(exc)
@@ -109,7 +110,7 @@ def load(settings: Settings, rebuild: bool, idle_exit_s: float | None) -> None:
     with graceful_stop(30.0) as stop:
         try:
             stats = run_loader(LoaderConfig.from_settings(settings, from_beginning=rebuild),
-                               RedisFeatureStore.from_settings(settings.redis), should_stop=stop.is_set,
+                               RedisFeatureStore.from_settings(settings.redis, settings.flink), should_stop=stop.is_set,
                                idle_exit_s=idle_exit_s, metrics=_loader_metrics(settings))
         except LoaderError as exc:
             raise click.ClickException(str(exc)) from exc
@@ -126,7 +127,7 @@ def get(settings: Settings, entity_type: str, ids: tuple[str, ...], names: str) 
     """Print online features (and each value's window end) from Redis as JSON lines; for users, their
     recent engagements too (null: none written, or expired)."""
     wanted = [n.strip() for n in names.split(",") if n.strip()]
-    store = RedisFeatureStore.from_settings(settings.redis)
+    store = RedisFeatureStore.from_settings(settings.redis, settings.flink)
     try:
         got = store.get_online_features(entity_type, list(ids), wanted)
     except ValueError as exc:

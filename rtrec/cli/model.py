@@ -70,7 +70,7 @@ def score_items(settings: Settings, user: str, items: str, recent: str | None, r
         loaded = load_current(_registry(settings))
     except SnapshotError as exc:
         raise click.ClickException(str(exc)) from exc
-    reader = RedisFeatureStore.from_settings(settings.redis)
+    reader = RedisFeatureStore.from_settings(settings.redis, settings.flink)
     if given is None:
         given = served_recent(loaded, reader, user, settings.flink.history_lookback_s)
     scores = score(loaded, reader, user, item_ids, given)

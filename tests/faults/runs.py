@@ -58,7 +58,7 @@ def reference_run(s: Settings, events: list[dict], with_samples: bool = False) -
     start_job(s, resume=False, log_range=LogRange(), with_samples=with_samples).wait()
     records = read_topic(s.kafka.bootstrap_servers, s.kafka.topics.features, "FeatureRecord").records
     run_loader(LoaderConfig.from_settings(s, isolation_level="read_committed"),
-               RedisFeatureStore.from_settings(s.redis), idle_exit_s=2.0)
+               RedisFeatureStore.from_settings(s.redis, s.flink), idle_exit_s=2.0)
     return Reference(windows(records), redis_contents(s))
 
 

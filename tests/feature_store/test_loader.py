@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 def record(entity: str, window_end: int, clicks: int) -> dict:
     return {"entity_type": "user", "entity_id": entity, "horizon_s": 3, "window_start": window_end - 3000,
             "window_end": window_end, "impressions": 10, "clicks": clicks, "likes": 0, "carts": 0, "orders": 0,
-            "ctr": clicks / 10, "dwell_sum_ms": 0.0, "dwell_mean_ms": 0.0, "distinct_counterparts": 2}
+            "ctr": clicks / 10, "dwell_sum_ms": 0.0, "dwell_mean_ms": 0.0, "distinct_counterparts": 2, "dwell_count": 0}
 
 
 def test_loads_records_dead_letters_the_undecodable_and_commits(settings: Settings) -> None:
@@ -35,7 +35,7 @@ def test_loads_records_dead_letters_the_undecodable_and_commits(settings: Settin
     raw.flush(10)
 
     config = LoaderConfig.from_settings(settings, partitions=1, isolation_level="read_committed")
-    store = RedisFeatureStore.from_settings(settings.redis)
+    store = RedisFeatureStore.from_settings(settings.redis, settings.flink)
     stats = run_loader(config, store, idle_exit_s=2.0)
 
     assert (stats.records, stats.rejected) == (3, 1)
@@ -94,7 +94,8 @@ def test_the_loader_exports_its_metrics(settings: Settings) -> None:
     metrics, port = LoaderMetrics(), free_port()
     metrics.serve(port)
     config = LoaderConfig.from_settings(settings, partitions=1, group_id=f"metrics-{settings.redis.key_prefix}")
-    run_loader(config, RedisFeatureStore.from_settings(settings.redis), idle_exit_s=2.0, metrics=metrics)
+    store = RedisFeatureStore.from_settings(settings.redis, settings.flink)
+    run_loader(config, store, idle_exit_s=2.0, metrics=metrics)
     scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in scraped.splitlines()
               if line.startswith("rtrec_loader_") and " " in line}

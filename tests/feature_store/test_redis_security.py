@@ -16,12 +16,12 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from core.settings import RedisSettings, Settings, TrainerSettings
+from core.settings import FlinkSettings, RedisSettings, Settings, TrainerSettings
 from feature_store.redis_store import RedisFeatureStore
 from gpu_trainer.model_registry import ModelRegistry
 from rtrec.cli.main import cli
 from rtrec.services.credentials import make_certs
-from tests.feature_store.test_redis_store import record
+from tests.feature_store.test_redis_store import record, tile
 from tests.infra import free_port
 
 pytestmark = [pytest.mark.integration,
@@ -91,8 +91,8 @@ user rtrec on >{PASSWORD} ~rtrec:* &* +@all
 
 def test_store_registry_and_cli_work_over_tls_as_an_acl_user(secured: SecuredRedis, tmp_path: Path) -> None:
     rs = secured.settings()
-    store = RedisFeatureStore.from_settings(rs)
-    assert store.write_batch([record("u1", 9000, 2)]) == 1
+    store = RedisFeatureStore.from_settings(rs, FlinkSettings())
+    assert store.write_batch([tile("u1", 60, 6000, 10, 2)]) == 1  # a tile: the progress key is under the ACL too
     assert store.get_online_features("user", ["u1"], ["60s.clicks"]).values.tolist() == [[2.0]]
 
     registry = ModelRegistry.from_settings(TrainerSettings(snapshot_dir=tmp_path / "snapshots"), rs)
@@ -113,13 +113,13 @@ def test_store_registry_and_cli_work_over_tls_as_an_acl_user(secured: SecuredRed
 def test_wrong_or_missing_credentials_are_refused_clearly(secured: SecuredRedis) -> None:
     wrong = secured.settings(password_file=None, password="not-the-password")
     with pytest.raises(redis.AuthenticationError, match="invalid username-password pair"):
-        RedisFeatureStore.from_settings(wrong).client.ping()
+        RedisFeatureStore.from_settings(wrong, FlinkSettings()).client.ping()
     anonymous = secured.settings(username=None, password_file=None)
     with pytest.raises(redis.AuthenticationError):
-        RedisFeatureStore.from_settings(anonymous).client.ping()
+        RedisFeatureStore.from_settings(anonymous, FlinkSettings()).client.ping()
     without_client_cert = secured.settings(ssl_cert_file=None, ssl_key_file=None)
     with pytest.raises(redis.ConnectionError):
-        RedisFeatureStore.from_settings(without_client_cert).client.ping()
+        RedisFeatureStore.from_settings(without_client_cert, FlinkSettings()).client.ping()
     with pytest.raises(ValueError, match="need a rediss:// URL"):
         secured.settings(url=f"redis://127.0.0.1:{secured.port}/0").connection_kwargs()
 
@@ -136,7 +136,7 @@ def test_wrong_or_missing_credentials_are_refused_clearly(secured: SecuredRedis)
 
 def test_a_user_outside_its_key_pattern_is_refused(secured: SecuredRedis) -> None:
     """The ACL limits the pipeline's user to its own keys (`~rtrec:*`): another prefix is refused."""
-    store = RedisFeatureStore.from_settings(secured.settings(key_prefix="other"))
+    store = RedisFeatureStore.from_settings(secured.settings(key_prefix="other"), FlinkSettings())
     with pytest.raises(redis.ResponseError, match="no permissions to access one of the keys"):
         store.write_batch([record("u1", 9000, 2)])
 

@@ -20,7 +20,7 @@ def record(entity_id: str, window_end: int, clicks: int, horizon_s: int = 60, en
     return {"entity_type": entity_type, "entity_id": entity_id, "horizon_s": horizon_s,
             "window_start": window_end - horizon_s * 1000, "window_end": window_end, "impressions": 10,
             "clicks": clicks, "likes": 0, "carts": 0, "orders": 0, "ctr": clicks / 10, "dwell_sum_ms": 0,
-            "dwell_mean_ms": 0.0, "distinct_counterparts": 3}
+            "dwell_mean_ms": 0.0, "distinct_counterparts": 3, "dwell_count": 0}
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_values_are_packed_float64_and_other_layouts_are_refused(store: RedisFea
     assert raw == struct.pack("<d", 0.2)
     old_layout = {"60s.clicks": "2", "60s.__we": "9000"}  # decimal text
     store.client.hset(entity_key(settings.redis.key_prefix, "user", "old"), mapping=old_layout)
-    with pytest.raises(ValueError, match="not 8-byte float64s"):
+    with pytest.raises(ValueError, match="not what this store writes"):
         store.get_online_features("user", ["b1", "old"], ["60s.clicks"])
     # a write replaces an old-layout slot instead of comparing against it
     assert store.write_batch([record("old", 6000, 4)]) == 1
@@ -172,3 +172,116 @@ def test_a_batch_decoded_in_bulk_writes_what_its_records_write(settings: Setting
         else:
             fields[f"{r['horizon_s']}s.clicks".encode()] = struct.pack("<d", r["clicks"])
     assert {k: {f: v for f, v in fields.items() if f in expected[k]} for k, fields in records_state.items()} == expected
+
+
+TILES_S = {60: 3, 600: 30}
+
+
+def tile(entity_id: str, horizon_s: int, start: int, impressions: int, clicks: int, dwell: tuple[int, int] = (0, 0),
+         counterparts: int = 1, entity_type: str = "user") -> dict:
+    """A tile as the feature job writes it: a tumbling window of the horizon's hop, labelled with the horizon."""
+    length = TILES_S[horizon_s] * 1000
+    return {**record(entity_id, start + length, clicks, horizon_s, entity_type), "window_start": start,
+            "impressions": impressions, "ctr": clicks / impressions if impressions else 0.0,
+            "dwell_sum_ms": dwell[0], "dwell_count": dwell[1], "distinct_counterparts": counterparts,
+            "dwell_mean_ms": dwell[0] / dwell[1] if dwell[1] else 0.0}
+
+
+@pytest.fixture
+def tiled(settings: Settings) -> RedisFeatureStore:
+    return RedisFeatureStore(settings.redis.url, settings.redis.key_prefix + "-tiles", ttl_s=600, tiles_s=TILES_S)
+
+
+def test_tiles_add_up_to_the_window_ending_at_the_progress_over_a_random_stream(tiled: RedisFeatureStore) -> None:
+    """Tiles written in random order, in several batches, some of them again (a replay): every read
+    equals the horizon added up in Python from the newest version of each tile."""
+    rng = np.random.default_rng(11)
+    written: list[dict] = []
+    for _ in range(6):
+        batch = []
+        for _ in range(400):
+            horizon = int(rng.choice([60, 600]))
+            start = int(rng.integers(0, 1500)) * TILES_S[horizon] * 1000
+            impressions = int(rng.integers(0, 6))
+            clicks = int(rng.integers(0, impressions + 1))
+            batch.append(tile(f"u{rng.integers(0, 25)}", horizon, start, impressions, clicks,
+                              (int(rng.integers(0, 3)) * 500, int(rng.integers(0, 3))), int(rng.integers(1, 5))))
+        replay = [written[int(i)] for i in rng.integers(0, len(written), 50)] if written else []
+        tiled.write_batch(batch + replay)
+        written += batch + replay
+    names = ["60s.impressions", "60s.clicks", "60s.ctr", "60s.dwell_mean_ms", "60s.distinct_counterparts",
+             "600s.impressions", "600s.ctr", "600s.dwell_sum_ms"]
+    users = [f"u{k}" for k in range(25)] + ["nobody"]
+    got = tiled.get_online_features("user", users, names)
+    for horizon in (60, 600):
+        as_of = max(r["window_end"] for r in written if r["horizon_s"] == horizon)
+        for k, user in enumerate(users):
+            newest: dict[int, dict] = {}  # per tile: the last written (equal ends: the later one wins)
+            for r in written:
+                if r["entity_id"] == user and r["horizon_s"] == horizon:
+                    newest[r["window_start"]] = r
+            if not newest:
+                assert np.isnan(got.values[k]).all() and (got.window_end_ms[k] == UNKNOWN_WINDOW_END).all()
+                continue
+            inside = [r for r in newest.values() if as_of - horizon * 1000 < r["window_end"] <= as_of]
+            total = {f: sum(r[f] for r in inside) for f in ("impressions", "clicks", "dwell_sum_ms", "dwell_count")}
+            expected = {"impressions": total["impressions"], "clicks": total["clicks"],
+                        "ctr": total["clicks"] / total["impressions"] if total["impressions"] else 0.0,
+                        "dwell_mean_ms": total["dwell_sum_ms"] / total["dwell_count"] if total["dwell_count"] else 0.0,
+                        "dwell_sum_ms": total["dwell_sum_ms"],
+                        "distinct_counterparts": max((r["distinct_counterparts"] for r in inside), default=0)}
+            for j, name in enumerate(names):
+                if name.startswith(f"{horizon}s."):
+                    assert got.values[k, j] == pytest.approx(expected[name.split(".")[1]]), (user, name)
+                    assert got.window_end_ms[k, j] == as_of
+
+
+def test_a_quiet_entitys_horizon_empties_as_the_progress_moves_on(tiled: RedisFeatureStore) -> None:
+    tiled.write_batch([tile("q1", 60, 0, 4, 1), tile("q1", 60, 3000, 2, 1), tile("busy", 60, 57_000, 1, 0)])
+    got = tiled.get_online_features("user", ["q1"], ["60s.impressions", "60s.ctr"])
+    assert got.values.tolist() == [[6.0, 2 / 6]] and got.window_end_ms.tolist() == [[60_000, 60_000]]
+    tiled.write_batch([tile("busy", 60, 60_000, 1, 0)])  # q1's first tile is now out of the horizon
+    assert tiled.get_online_features("user", ["q1"], ["60s.impressions"]).values.tolist() == [[2.0]]
+    tiled.write_batch([tile("busy", 60, 120_000, 1, 0)])
+    got = tiled.get_online_features("user", ["q1"], ["60s.impressions", "60s.ctr"])
+    assert got.values.tolist() == [[0.0, 0.0]] and got.window_end_ms.tolist() == [[123_000, 123_000]]
+    # an old tile replayed later does not move the progress back nor take a newer tile's place
+    assert tiled.write_batch([tile("q1", 60, 63_000, 9, 9)]) == 1  # its position held q1's tile at 3000
+    assert tiled.write_batch([tile("q1", 60, 3000, 2, 1)]) == 0
+    assert tiled.get_online_features("user", ["q1"], ["60s.impressions"]).values.tolist() == [[9.0]]
+
+
+def test_tiles_and_whole_windows_are_read_together_and_other_layouts_refused(tiled: RedisFeatureStore,
+                                                                          settings: Settings) -> None:
+    tiled.write_batch([record("m1", 9000, 2, horizon_s=3), tile("m1", 600, 0, 5, 1), tile("m1", 60, 3000, 3, 3)])
+    got = tiled.get_online_features("user", ["m1", "m2"], ["600s.clicks", "3s.clicks", "60s.ctr", "3s.ctr"])
+    assert got.values[0].tolist() == [1.0, 2.0, 1.0, 0.2] and np.isnan(got.values[1]).all()
+    assert got.window_end_ms[0].tolist() == [30_000, 9000, 6000, 9000]
+    # 600 s in tiles of 3 s is a ring of 200, not the 20 this reader expects
+    tiled.write_batch([{**tile("m3", 600, 0, 1, 1), "window_end": 3000}])
+    with pytest.raises(ValueError, match="horizon_slides_s"):
+        tiled.get_online_features("user", ["m3"], ["600s.clicks"])
+    with pytest.raises(ValueError, match="does not divide"):
+        tiled.write_batch([{**tile("m4", 60, 0, 1, 1), "window_end": 7000}])
+
+
+def test_tiles_decoded_in_bulk_write_what_their_records_write(settings: Settings) -> None:
+    from feature_store.columns import FeatureColumns
+    from schemas.bulk import BulkDecoder
+    from schemas.serde import serializer
+
+    rng = np.random.default_rng(5)
+    records = [tile(f"e{rng.integers(0, 30)}", int(h), int(rng.integers(0, 400)) * TILES_S[int(h)] * 1000,
+                    int(rng.integers(0, 9)), 0, entity_type=("user", "item")[k % 2])
+               for k, h in enumerate(rng.choice([60, 600], 2000))]
+    enc = serializer("FeatureRecord")
+    decoded = BulkDecoder("FeatureRecord").decode([enc(r) for r in records], [enc.header_value] * len(records))
+    stores = [RedisFeatureStore(settings.redis.url, f"{settings.redis.key_prefix}-{name}", 600, tiles_s=TILES_S)
+              for name in ("records", "columns")]
+    assert stores[0].write_batch(records) == stores[1].write_columns(FeatureColumns.of_decoded(decoded)) > 0
+
+    def state(prefix: str) -> dict:
+        client = stores[0].client
+        return {key[len(prefix):]: client.hgetall(key) for key in client.scan_iter(f"{prefix}:*")}
+
+    assert state(stores[0].prefix) == state(stores[1].prefix)

@@ -41,7 +41,7 @@ def test_backfill_time_range(settings: Settings) -> None:
     store = RedisFeatureStore(s.redis.url, s.redis.key_prefix, 600)
     newer = {"entity_type": "user", "entity_id": "u0", "horizon_s": 3, "window_start": T + 10**9,
              "window_end": T + 10**9 + 3000, "impressions": 42, "clicks": 0, "likes": 0, "carts": 0, "orders": 0,
-             "ctr": 0.0, "dwell_sum_ms": 0, "dwell_mean_ms": 0.0, "distinct_counterparts": 1}
+             "ctr": 0.0, "dwell_sum_ms": 0, "dwell_mean_ms": 0.0, "distinct_counterparts": 1, "dwell_count": 0}
     store.write_batch([newer])
 
     result = CliRunner().invoke(cli, ["features", "backfill", "--from", str(T), "--to", str(T + 60_000),

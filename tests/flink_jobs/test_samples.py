@@ -193,12 +193,12 @@ def check_recent_lists(s: Settings, records: list[dict]) -> None:
     }
     assert all(r["recent_items"] is None for r in records if r["horizon_s"] != 0)
     loaded = run_loader(LoaderConfig.from_settings(s, isolation_level="read_committed"),
-                        RedisFeatureStore.from_settings(s.redis), idle_exit_s=2.0)
+                        RedisFeatureStore.from_settings(s.redis, s.flink), idle_exit_s=2.0)
     # freshness is kept per record with its horizon, so lists (0) and windows are told apart
     loaded_topic = read_topic(s.kafka.bootstrap_servers, s.kafka.topics.features, "FeatureRecord").records
     assert sorted(loaded.horizons_s) == sorted(r["horizon_s"] for r in loaded_topic)
     assert len(loaded.latencies_ms) == loaded.records == len(loaded_topic) and 0 in loaded.horizons_s
-    u1, u3_now, nobody = RedisFeatureStore.from_settings(s.redis).get_recent_engagements(["u1", "u3", "u2"])
+    u1, u3_now, nobody = RedisFeatureStore.from_settings(s.redis, s.flink).get_recent_engagements(["u1", "u3", "u2"])
     assert nobody is None and u1 is not None and u3_now is not None
     assert u1.as_of_ms == T + 9000
     # served as the samples get them: at most 3, strictly before the request, within the 10 s lookback

@@ -113,7 +113,7 @@ def test_a_model_reading_recent_items_trains_publishes_and_scores(settings: Sett
     online.write_batch([{
         "entity_type": "user", "entity_id": "u1", "horizon_s": 0, "window_start": now - 3000, "window_end": now,
         "impressions": 0, "clicks": 0, "likes": 0, "carts": 0, "orders": 0, "ctr": 0.0, "dwell_sum_ms": 0,
-        "dwell_mean_ms": 0.0, "distinct_counterparts": 0, "recent_items": [*listed, "i9"],
+        "dwell_mean_ms": 0.0, "distinct_counterparts": 0, "dwell_count": 0, "recent_items": [*listed, "i9"],
         "recent_types": ["click"] * 5, "recent_times_ms": [now - 10, now - 20, now - 30, now - 40, now - 7_200_000]}])
     result = CliRunner().invoke(cli, ["model", "score", "--user", "u1", "--items", "i1,i2"], env=env_of(s))
     assert result.exit_code == 0, result.output
@@ -181,12 +181,13 @@ def test_score_cli_and_onnx_match_pytorch(settings: Settings, tmp_path: Path) ->
     s = trainer_settings(settings, tmp_path, model="deepfm")
     produce_samples(s, make_samples(3000))
     TrainerService.from_settings(s).run(idle_exit_s=3.0)
-    features = RedisFeatureStore(s.redis.url, s.redis.key_prefix, 600)
-    features.write_batch([
-        {"entity_type": et, "entity_id": eid, "horizon_s": h, "window_start": 0, "window_end": 60_000,
+    features = RedisFeatureStore.from_settings(s.redis, s.flink)
+    features.write_batch([  # one tile per horizon: 3 s of the 60 s, 30 s of the 600 s
+        {"entity_type": et, "entity_id": eid, "horizon_s": h, "window_start": 60_000 - tile, "window_end": 60_000,
          "impressions": 10 + k, "clicks": k, "likes": 1, "carts": 0, "orders": 0, "ctr": k / (10 + k),
-         "dwell_sum_ms": 1000 * k, "dwell_mean_ms": 1000.0, "distinct_counterparts": 3}
-        for k, (et, eid) in enumerate([("user", "u1"), ("item", "i1"), ("item", "i2")]) for h in (60, 600)])
+         "dwell_sum_ms": 1000 * k, "dwell_mean_ms": 1000.0, "distinct_counterparts": 3, "dwell_count": k}
+        for k, (et, eid) in enumerate([("user", "u1"), ("item", "i1"), ("item", "i2")])
+        for h, tile in ((60, 3000), (600, 30_000))])
     result = CliRunner().invoke(cli, ["model", "score", "--user", "u1", "--items", "i1,i2,i-unknown"], env=env_of(s))
     assert result.exit_code == 0, result.output
     printed = dict(line.split("\t") for line in result.output.splitlines()[1:])

@@ -23,7 +23,7 @@ def feature_records(n: int, seed: int) -> list[dict]:
                   "impressions": int(rng.integers(0, 99)), "clicks": int(rng.integers(0, 9)), "likes": 0,
                   "carts": int(rng.integers(-3, 3)), "orders": 0, "ctr": float(rng.random()),
                   "dwell_sum_ms": int(rng.integers(0, 10**9)), "dwell_mean_ms": float(rng.random() * 1e4),
-                  "distinct_counterparts": int(rng.integers(0, 50)),
+                  "distinct_counterparts": int(rng.integers(0, 50)), "dwell_count": int(rng.integers(0, 50)),
                   "recent_items": None, "recent_types": None, "recent_times_ms": None}
         if k % 4 == 1:  # a recent-engagements record: empty or full lists
             count = int(rng.integers(0, 12))
@@ -42,7 +42,7 @@ def assert_same(values: list[bytes | None], headers: list[bytes | None]) -> None
     starts = {name: np.cumsum(got.lengths[name]) - got.lengths[name] for name in LISTS}
     for j, record in enumerate(records):
         for name in ("entity_type", "entity_id", "horizon_s", "impressions", "carts", "ctr", "dwell_sum_ms",
-                     "dwell_mean_ms", "distinct_counterparts"):
+                     "dwell_mean_ms", "distinct_counterparts", "dwell_count"):
             assert got.columns[name][j] == record[name], (name, j)
         end = record["window_end"]
         assert got.columns["window_end"][j] == (round(end.timestamp() * 1000) if hasattr(end, "timestamp") else end)
