@@ -322,10 +322,11 @@ def merge_tiles(tiles: np.ndarray, horizon_s: int, as_of_ms: float | None) -> tu
     """
     ends = tiles[:, :, 0]
     as_of = ends.max(axis=1) if as_of_ms is None else np.full(len(tiles), as_of_ms)
-    in_horizon = (ends > as_of[:, None] - horizon_s * 1000) & (ends <= as_of[:, None])
-    counted = np.where(in_horizon[:, :, None], tiles[:, :, 1:], 0.0)
-    merged = dict(zip(TILE_VALUES, counted.sum(axis=1).T, strict=True))
-    merged["distinct_counterparts"] = counted[:, :, TILE_VALUES.index("distinct_counterparts")].max(axis=1)
+    in_horizon = ((ends > as_of[:, None] - horizon_s * 1000) & (ends <= as_of[:, None])).astype(np.float64)
+    # a weighted sum over the tiles: no masked copy of the whole ring (it was most of a read's numpy time)
+    merged = dict(zip(TILE_VALUES, np.einsum("et,etv->ve", in_horizon, tiles[:, :, 1:]), strict=True))
+    distinct = 1 + TILE_VALUES.index("distinct_counterparts")
+    merged["distinct_counterparts"] = (tiles[:, :, distinct] * in_horizon).max(axis=1)  # counts are >= 0
     with np.errstate(divide="ignore", invalid="ignore"):
         merged["ctr"] = np.where(merged["impressions"] > 0, merged["clicks"] / merged["impressions"], 0.0)
         merged["dwell_mean_ms"] = np.where(merged["dwell_count"] > 0,
@@ -438,7 +439,7 @@ def _each_reply(connection: redis.Connection, n: int) -> list[Any]:
     reader = hiredis.Reader()
     while len(replies) < n:
         try:
-            chunk = sock.recv(1 << 20)
+            chunk = sock.recv(1 << 16)
         except TimeoutError as exc:  # as redis-py's own reads: a retryable error, not an OSError
             raise redis.TimeoutError(f"reading from Redis: {exc}") from exc
         except OSError as exc:
