@@ -42,8 +42,8 @@ from feature_store.loader import LoaderConfig, LoaderStats, run_loader
 from feature_store.redis_store import RedisFeatureStore, tile_layout
 from flink_jobs.ddl import columns, events_source_ddl
 from flink_jobs.environment import table_environment
-from flink_jobs.feature_job import build_job, decode_args, slide_s
-from flink_jobs.feature_sql import decoded_view_sql, good_events_sql, window_sql
+from flink_jobs.feature_job import build_job, decode_args, feature_queries
+from flink_jobs.feature_sql import decoded_view_sql, good_events_sql
 from flink_jobs.range_options import connector_options
 from rtrec.sources.produce import produce_synthetic
 from schemas.feature_set import HORIZONS_S, names_for
@@ -81,9 +81,7 @@ def bounded_seconds(s: Settings, blackhole: bool, log_range: LogRange, decode_on
     elif blackhole:
         f = s.flink
         _good_events_view(t_env, s, log_range)
-        windows = [(f.window_s, f.window_s), *((h, slide_s(f, h)) for h in f.horizons_s or HORIZONS_S)]
-        queries = [window_sql(e, a, b) for e in ("user", "item") for a, b in windows]
-        queries.append(window_sql("user_item", f.window_s, f.window_s))
+        queries = feature_queries(f)
         cols = ", ".join(f"`{n}` {t}" for n, t in columns("FeatureRecord"))
         t_env.execute_sql(f"CREATE TEMPORARY TABLE sink_hole (entity_id_key BYTES, {cols}, "
                           "headers MAP<STRING, BYTES>) WITH ('connector' = 'blackhole')")

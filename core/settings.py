@@ -407,6 +407,11 @@ class FlinkSettings(Section):
     # read_committed: Redis only ever holds committed windows, one checkpoint interval later.
     loader_isolation: Literal["read_uncommitted", "read_committed"] = "read_uncommitted"
 
+    def hop_s(self, horizon_s: int) -> int:
+        """How far a long horizon's window hops, the length of its tiles: its horizon_slides_s entry,
+        else the base window."""
+        return self.horizon_slides_s.get(horizon_s, self.window_s)
+
     @property
     def samples_group_id(self) -> str:
         """The consumer group of the job's second source, the samples' (flink_jobs/feature_job.py)."""

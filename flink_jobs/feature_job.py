@@ -40,9 +40,13 @@ def decode_args(settings: Settings) -> str:
         f"CAST({n} AS BIGINT)" for n in limits)
 
 
-def slide_s(f: FlinkSettings, horizon_s: int) -> int:
-    """How far a long horizon's window hops: its setting, else the base window."""
-    return f.horizon_slides_s.get(horizon_s, f.window_s)
+def feature_queries(f: FlinkSettings) -> list[str]:
+    """The features topic's window queries: the base window per user, item and pair, and each longer
+    horizon's tiles per user and item. User-item pairs get the base window only: their long horizons
+    would multiply the output rows."""
+    windows = [(f.window_s, f.window_s), *((h, f.hop_s(h)) for h in f.horizons_s or HORIZONS_S)]
+    queries = [window_sql(entity, horizon, tile) for entity in ("user", "item") for horizon, tile in windows]
+    return [*queries, window_sql("user_item", f.window_s, f.window_s)]
 
 
 def sink_client(settings: Settings) -> dict[str, str]:
@@ -71,11 +75,8 @@ def build_job(settings: Settings, t_env: TableEnvironment, log_range: LogRange |
 
     statements = t_env.create_statement_set()
     lists = add_samples(settings, t_env, statements, exactly_once, job_id, log_range) if with_samples else None
-    windows = [(f.window_s, f.window_s), *((h, slide_s(f, h)) for h in f.horizons_s or HORIZONS_S)]
     # One INSERT (a UNION ALL): a Kafka sink per INSERT would need its own transactional id prefix.
-    # user-item pairs get the base window only: their long horizons would multiply the output rows.
-    queries = [window_sql(entity, horizon, tile) for entity in ("user", "item") for horizon, tile in windows]
-    queries.append(window_sql("user_item", f.window_s, f.window_s))
+    queries = feature_queries(f)
     if lists is not None:
         queries.append(recent_lists_sql(lists, f.window_s))
     union = "\nUNION ALL\n".join(queries)
@@ -137,13 +138,13 @@ def add_samples(settings: Settings, t_env: TableEnvironment, statements: Stateme
         user_recent = "user_recent"
     parts = [base_rows_sql(user_recent), label_rows_sql(f.attribution_window_s)]
     for entity in ("user", "item"):
-        for slide in sorted({slide_s(f, h) for h in HORIZONS_S}):  # horizons of one slide share their tiles
+        for slide in sorted({f.hop_s(h) for h in HORIZONS_S}):  # horizons of one slide share their tiles
             t_env.create_temporary_view(f"tiles_{entity}_{slide}",
                                         t_env.sql_query(tiles_sql(entity, slide, "sample_events")))
         for h in HORIZONS_S:
-            tiles, view = f"tiles_{entity}_{slide_s(f, h)}", f"f_{entity}_{h}"
+            tiles, view = f"tiles_{entity}_{f.hop_s(h)}", f"f_{entity}_{h}"
             t_env.create_temporary_view(view, t_env.sql_query(horizon_before_tile_sql(tiles, h)))
-            parts.append(feature_rows_sql(view, entity, h, slide_s(f, h)))
+            parts.append(feature_rows_sql(view, entity, h, f.hop_s(h)))
     t_env.create_temporary_view("sample_rows", t_env.sql_query("\nUNION ALL\n".join(parts)))
     t_env.execute_sql(avro_sink_ddl("samples_sink", "TrainingSample", k.topics.samples, k.bootstrap_servers,
                                     exactly_once, f"rtrec-{job_id}-samples", key_field="user_id",
