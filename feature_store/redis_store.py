@@ -230,12 +230,13 @@ class RedisFeatureStore:
         plan = _read_plan(tuple(names), tuple(sorted(self.tiles_s.items())))
         prefix = entity_key_prefix(self.prefix, entity_type)
         flat: list[bytes | None] = []
-        progress: list[bytes | None] = []
+        progress: list[bytes | None] = [None] * len(plan.tiled)  # no ids: nothing read, nothing needed
         for start in range(0, len(ids), ENTITIES_PER_SEND):
             chunk = ids[start:start + ENTITIES_PER_SEND]
             if plan.tiled and not start:  # the progress travels with the first chunk's reads
-                progress, *replies = self._hmget_each(prefix.encode(), chunk, plan, self._progress_command(plan))
-                flat += _concatenated(replies)
+                replies = self._hmget_each(prefix.encode(), chunk, plan, self._progress_command(plan))
+                progress = _concatenated(replies[:1])
+                flat += _concatenated(replies[1:])
             else:
                 flat += _concatenated(self._hmget_each(prefix.encode(), chunk, plan))
         n = len(ids)
@@ -250,7 +251,7 @@ class RedisFeatureStore:
         for r, (horizon, ring) in enumerate(plan.tiled):
             tiles = _float64s([flat[plan.plain_width + r::plan.width]], ring * TILE_BYTES, prefix)
             as_of = None if progress[r] is None else float(np.frombuffer(progress[r], dtype="<f8")[0])
-            merged, end = merge_tiles(tiles.reshape(n, ring, -1), horizon, as_of)
+            merged, end = merge_tiles(tiles.reshape(n, ring, TILE_BYTES // VALUE_BYTES), horizon, as_of)
             for column, (source, feature) in enumerate(plan.sources):
                 if source == r:
                     values[:, column] = merged.get(feature, np.nan)
@@ -346,7 +347,7 @@ def tile_layout(flink: FlinkSettings) -> dict[int, int]:
     """
     tiles = {}
     for horizon in flink.horizons_s or HORIZONS_S:
-        tile = flink.horizon_slides_s.get(horizon, flink.window_s)
+        tile = flink.hop_s(horizon)
         if tile < horizon:
             if horizon % tile:
                 raise ValueError(f"flink.horizon_slides_s: {tile} s does not divide the horizon of {horizon} s")

@@ -257,6 +257,7 @@ def test_tiles_and_whole_windows_are_read_together_and_other_layouts_refused(til
     got = tiled.get_online_features("user", ["m1", "m2"], ["600s.clicks", "3s.clicks", "60s.ctr", "3s.ctr"])
     assert got.values[0].tolist() == [1.0, 2.0, 1.0, 0.2] and np.isnan(got.values[1]).all()
     assert got.window_end_ms[0].tolist() == [30_000, 9000, 6000, 9000]
+    assert tiled.get_online_features("user", [], ["60s.clicks", "3s.clicks"]).values.shape == (0, 2)
     # 600 s in tiles of 3 s is a ring of 200, not the 20 this reader expects
     tiled.write_batch([{**tile("m3", 600, 0, 1, 1), "window_end": 3000}])
     with pytest.raises(ValueError, match="horizon_slides_s"):
