@@ -15,26 +15,27 @@ progress. A read of such a horizon fetches the ring and adds its tiles up in num
 Every value is stored as 8 bytes, a little-endian float64: a read turns the replies into a matrix
 with one `np.frombuffer`, where decimal text cost a parse per value, and Redis answers faster too
 (it keeps short decimal strings as integers and formats them back on every read). Reads are plain
-HMGETs, one per entity, sent as one pre-encoded pipeline and parsed by hiredis straight off the
-socket; redis-py's pipeline builds and parses each command in Python, at about the cost of Redis's
-own work.
+HMGETs, one per entity, sent as one pre-encoded pipeline; redis-py's pipeline builds and parses each
+command in Python, at about the cost of Redis's own work. Their replies are read as bytes and, when
+every field is there, cut into columns in numpy without a parse per reply (`feature_store.resp`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import hiredis
 import numpy as np
 import redis
 
 from core.settings import FlinkSettings, RedisSettings
+from feature_store import resp
 from feature_store.base import UNKNOWN_WINDOW_END, OnlineFeatures, RecentEngagements
 from feature_store.columns import VALUE_FIELDS, FeatureColumns
 from feature_store.keys import (
@@ -50,6 +51,7 @@ from feature_store.keys import (
     tiles_field,
     window_end_field,
 )
+from feature_store.resp import RowLayout, bulk_strings
 from schemas.feature_set import HORIZONS_S
 
 # Many slots per call. KEYS: the entity hashes. ARGV: ttl_s, fields per slot, then per key that
@@ -100,6 +102,7 @@ SCRIPTS = {hashlib.sha1(s.encode()).hexdigest().encode(): s for s in (NEWEST_WIN
 TILES_NEWEST_WINS_SHA = next(sha for sha, s in SCRIPTS.items() if s == TILES_NEWEST_WINS)
 VALUE_BYTES = 8
 PACKED_NAN = np.float64(np.nan).tobytes()
+TILE_FLOATS = TILE_BYTES // VALUE_BYTES
 SLOTS_PER_CALL = 500
 ENTITIES_PER_SEND = 10_000  # bounds the request and reply held in memory at once
 
@@ -178,7 +181,7 @@ class RedisFeatureStore:
             args = [part for i in chunk for part in (b"%d" % positions[i],
                                                      tiles[i * TILE_BYTES:(i + 1) * TILE_BYTES])]
             commands.append(self._script_call([progress_key(self.prefix).encode(), *(keys[rows[i]] for i in chunk)],
-                                              [self.ttl_s], _bulk_strings([*head, *args]), len(head) + len(args),
+                                              [self.ttl_s], bulk_strings([*head, *args]), len(head) + len(args),
                                               TILES_NEWEST_WINS_SHA))
         return commands
 
@@ -189,14 +192,14 @@ class RedisFeatureStore:
         for row in rows.tolist():
             listed = json.dumps(batch.recent(row), separators=(",", ":")).encode()
             parts += (end_field, struct.pack("<d", batch.window_end[row]), recent_field, listed)
-        return self._script_call(keys, [self.ttl_s, 2], _bulk_strings(parts), len(parts))
+        return self._script_call(keys, [self.ttl_s, 2], bulk_strings(parts), len(parts))
 
     def _script_call(self, keys: list[bytes], head_args: list[int], args: bytes, n_args: int,
                      sha: bytes = NEWEST_WINS_SHA) -> bytes:
         """EVALSHA of a script in RESP: the keys, `head_args`, then `args` (already RESP)."""
         head = [str(a).encode() for a in head_args]
         return (b"*%d\r\n$7\r\nEVALSHA\r\n" % (3 + len(keys) + len(head) + n_args)
-                + _bulk_strings([sha, b"%d" % len(keys), *keys, *head]) + args)
+                + bulk_strings([sha, b"%d" % len(keys), *keys, *head]) + args)
 
     def _send_scripts(self, commands: list[bytes], loaded: bool = False) -> list[int]:
         """Sends the script calls in one round trip; their replies (slots replaced per call). A Redis that
@@ -229,19 +232,13 @@ class RedisFeatureStore:
     def get_online_features(self, entity_type: str, ids: Sequence[str], names: Sequence[str]) -> OnlineFeatures:
         plan = _read_plan(tuple(names), tuple(sorted(self.tiles_s.items())))
         prefix = entity_key_prefix(self.prefix, entity_type)
-        flat: list[bytes | None] = []
-        progress: list[bytes | None] = [None] * len(plan.tiled)  # no ids: nothing read, nothing needed
-        for start in range(0, len(ids), ENTITIES_PER_SEND):
-            chunk = ids[start:start + ENTITIES_PER_SEND]
-            if plan.tiled and not start:  # the progress travels with the first chunk's reads
-                replies = self._hmget_each(prefix.encode(), chunk, plan, self._progress_command(plan))
-                progress = _concatenated(replies[:1])
-                flat += _concatenated(replies[1:])
-            else:
-                flat += _concatenated(self._hmget_each(prefix.encode(), chunk, plan))
+        chunks = [self._read_chunk(prefix.encode(), ids[start:start + ENTITIES_PER_SEND], plan, not start)
+                  for start in range(0, len(ids), ENTITIES_PER_SEND)]
         n = len(ids)
-        plain = _float64s([flat[c::plan.width] for c in range(plan.plain_width)], VALUE_BYTES, prefix)
-        plain = plain.reshape(plan.plain_width, n).T
+        if not chunks:  # no ids: nothing read, nothing needed
+            chunks = [_Chunk(np.empty((0, plan.plain_width)), [np.empty((0, r * TILE_FLOATS)) for _, r in plan.tiled],
+                             [None] * len(plan.tiled))]
+        plain = np.concatenate([c.plain for c in chunks]) if len(chunks) > 1 else chunks[0].plain
         values, ends = np.empty((n, len(names))), np.empty((n, len(names)), dtype=np.int64)
         for column, (source, at) in enumerate(plan.sources):
             if source < 0:
@@ -249,9 +246,10 @@ class RedisFeatureStore:
                 end = plain[:, plan.end_columns[column]]
                 ends[:, column] = np.where(np.isnan(end), UNKNOWN_WINDOW_END, end)
         for r, (horizon, ring) in enumerate(plan.tiled):
-            tiles = _float64s([flat[plan.plain_width + r::plan.width]], ring * TILE_BYTES, prefix)
-            as_of = None if progress[r] is None else float(np.frombuffer(progress[r], dtype="<f8")[0])
-            merged, end = merge_tiles(tiles.reshape(n, ring, TILE_BYTES // VALUE_BYTES), horizon, as_of)
+            tiles = np.concatenate([c.rings[r] for c in chunks]) if len(chunks) > 1 else chunks[0].rings[r]
+            progress = chunks[0].progress[r]
+            as_of = None if progress is None else float(np.frombuffer(progress, dtype="<f8")[0])
+            merged, end = merge_tiles(tiles.reshape(n, ring, TILE_FLOATS), horizon, as_of)
             for column, (source, feature) in enumerate(plan.sources):
                 if source == r:
                     values[:, column] = merged.get(feature, np.nan)
@@ -262,32 +260,73 @@ class RedisFeatureStore:
         """The hash fields one entity's read of `names` asks for (the progress is read once per call)."""
         return _read_plan(tuple(names), tuple(sorted(self.tiles_s.items()))).fields
 
+    def _read_chunk(self, prefix: bytes, ids: Sequence[str], plan: _ReadPlan, first: bool) -> _Chunk:
+        """`HMGET prefix+id *fields` for every id in one round trip, on the `first` chunk after the
+        progress of the tiled horizons: the plain values [entity, column] (NaN where missing), the rings
+        [entity, tile floats] (zeros where missing) and the progress replies. The progress is read first:
+        a tile written after it ends after it, and a merge as of the progress leaves it out."""
+        with_progress = first and bool(plan.tiled)
+        marker, end = resp.end_marker()
+        # one %-format per key: concatenating the parts copied the long field list several times
+        payload = b"".join([self._progress_command(plan) if with_progress else b"",
+                            *[b"%s$%d\r\n%s%s\r\n%s" % (plan.head, len(prefix) + len(e), prefix, e, plan.tail)
+                              for e in map(str.encode, ids)], marker])
+        n, n_replies = len(ids), len(ids) + with_progress + 1
+        got = self._round_trip_raw(payload, end, n_replies, n * plan.layout.width)
+        progress, rows = (None, 0), None
+        if not isinstance(got, list):
+            progress = resp.leading_reply(got) if with_progress else (None, 0)
+            rows = None if progress is None else resp.fixed_rows(got, n, plan.layout, progress[1])
+        if rows is not None and progress is not None:
+            replies = [progress[0]] * with_progress + resp.parse(got[progress[1] + rows.size:], 1)
+            plain = np.ascontiguousarray(rows[:, plan.plain_bytes]).view("<f8")
+            rings = [np.ascontiguousarray(rows[:, at:at + size]).view("<f8") for at, size in plan.ring_bytes]
+        else:
+            replies = got if isinstance(got, list) else resp.parse(got, n_replies)
+            plain, rings = _parsed_columns(replies[with_progress:with_progress + n], plan, prefix.decode())
+        if replies[-1] != end[-2 - resp.NONCE_BYTES:-2]:
+            raise redis.ConnectionError("Redis's replies are out of step with the read's commands")
+        return _Chunk(plain, rings, _concatenated(replies[:1]) if with_progress else [None] * len(plan.tiled))
+
     def _progress_command(self, plan: _ReadPlan) -> bytes:
         fields = [tiles_field(h).encode() for h, _ in plan.tiled]
         return (b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2)
-                + _bulk_strings([progress_key(self.prefix).encode(), *fields]))
-
-    def _hmget_each(self, prefix: bytes, ids: Sequence[str], plan: _ReadPlan, first: bytes = b"") -> list[Any]:
-        """`HMGET prefix+id *fields` for every id in one round trip, after the command `first` if given:
-        the replies (None where a value is missing)."""
-        # one %-format per key: concatenating the parts copied the long field list several times
-        payload = b"".join([first, *(b"%s$%d\r\n%s%s\r\n%s" % (plan.head, len(prefix) + len(e), prefix, e, plan.tail)
-                                     for e in (entity_id.encode() for entity_id in ids))])
-        return self._round_trip([payload], len(ids) + bool(first))
+                + bulk_strings([progress_key(self.prefix).encode(), *fields]))
 
     def _round_trip(self, payload: Sequence[bytes], n_replies: int) -> list[Any]:
         """Pre-encoded commands out on one pooled connection, their `n_replies` replies back (an error
         reply as an exception object)."""
+        with self._connection() as connection:
+            connection.send_packed_command(payload)
+            return resp.each_reply(connection, n_replies)
+
+    def _round_trip_raw(self, payload: bytes, end: bytes, n_replies: int, size_hint: int) -> bytearray | list[Any]:
+        """Pre-encoded commands ending in `resp.end_marker`'s out on one pooled connection: the bytes
+        back through `end` (about `size_hint`), or where the socket is out of reach, the `n_replies`
+        replies."""
+        with self._connection() as connection:
+            connection.send_packed_command([payload])
+            raw = resp.read_through(connection, end, size_hint)
+            return resp.each_reply(connection, n_replies) if raw is None else raw
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[redis.Connection]:
         pool = self.client.connection_pool
         connection = pool.get_connection()
         try:
-            connection.send_packed_command(payload)
-            return _each_reply(connection, n_replies)
+            yield connection
         except BaseException:
             connection.disconnect()  # unread replies must not answer the next caller's command
             raise
         finally:
             pool.release(connection)
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    plain: np.ndarray
+    rings: list[np.ndarray]
+    progress: list[bytes | None]
 
 
 @functools.cache
@@ -296,14 +335,10 @@ def _slot_template(horizon_s: int) -> tuple[np.ndarray, np.ndarray]:
     values, and the byte offset of each value in it."""
     template, value_at = b"", []
     for field in _slot_fields(horizon_s):
-        template += _bulk_strings([field.encode()]) + b"$%d\r\n" % VALUE_BYTES
+        template += bulk_strings([field.encode()]) + b"$%d\r\n" % VALUE_BYTES
         value_at.append(len(template))
         template += bytes(VALUE_BYTES) + b"\r\n"
     return np.frombuffer(template, dtype=np.uint8), np.array(value_at)[:, None]
-
-
-def _bulk_strings(parts: Sequence[bytes]) -> bytes:
-    return b"".join([b"$%d\r\n%s\r\n" % (len(p), p) for p in parts])
 
 
 def merge_tiles(tiles: np.ndarray, horizon_s: int, as_of_ms: float | None) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -321,21 +356,28 @@ def merge_tiles(tiles: np.ndarray, horizon_s: int, as_of_ms: float | None) -> tu
     >>> ends.tolist()
     [9000, -1]
     """
-    ends = tiles[:, :, 0]
-    as_of = ends.max(axis=1) if as_of_ms is None else np.full(len(tiles), as_of_ms)
-    in_horizon = ((ends > as_of[:, None] - horizon_s * 1000) & (ends <= as_of[:, None])).astype(np.float64)
+    ends = np.ascontiguousarray(tiles[:, :, 0])
+    as_of = ends.max(axis=1, keepdims=True) if as_of_ms is None else np.float64(as_of_ms)
+    weights = ((ends > as_of - horizon_s * 1000) & (ends <= as_of)).astype(np.float64)
+    # one array for every feature, masked once: each numpy call costs microseconds at a hundred entities
+    merged = np.empty((len(tiles), len(_MERGED)))
     # a weighted sum over the tiles: no masked copy of the whole ring (it was most of a read's numpy time)
-    merged = dict(zip(TILE_VALUES, np.einsum("et,etv->ve", in_horizon, tiles[:, :, 1:]), strict=True))
-    distinct = 1 + TILE_VALUES.index("distinct_counterparts")
-    merged["distinct_counterparts"] = (tiles[:, :, distinct] * in_horizon).max(axis=1)  # counts are >= 0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        merged["ctr"] = np.where(merged["impressions"] > 0, merged["clicks"] / merged["impressions"], 0.0)
-        merged["dwell_mean_ms"] = np.where(merged["dwell_count"] > 0,
-                                           merged["dwell_sum_ms"] / merged["dwell_count"], 0.0)
+    np.matmul(weights[:, None, :], tiles[:, :, 1:], out=merged[:, None, :len(TILE_VALUES)])
+    merged[:, _DISTINCT - 1] = (tiles[:, :, _DISTINCT] * weights).max(axis=1)  # counts are >= 0
+    for ratio, (numerator, denominator) in _RATIOS.items():
+        merged[:, ratio] = 0.0
+        np.divide(merged[:, numerator], merged[:, denominator], out=merged[:, ratio],
+                  where=merged[:, denominator] > 0)
     known = (ends > 0).any(axis=1)
-    for column in merged.values():
-        column[~known] = np.nan
-    return merged, np.where(known, as_of, UNKNOWN_WINDOW_END).astype(np.int64)
+    merged[~known] = np.nan
+    window_end = as_of.reshape(-1) if as_of_ms is None else as_of
+    return dict(zip(_MERGED, merged.T, strict=True)), np.where(known, window_end, UNKNOWN_WINDOW_END).astype(np.int64)
+
+
+_MERGED = (*TILE_VALUES, "ctr", "dwell_mean_ms")
+_DISTINCT = 1 + TILE_VALUES.index("distinct_counterparts")  # in a tile, after its window end
+_RATIOS = {_MERGED.index("ctr"): (TILE_VALUES.index("clicks"), TILE_VALUES.index("impressions")),
+           _MERGED.index("dwell_mean_ms"): (TILE_VALUES.index("dwell_sum_ms"), TILE_VALUES.index("dwell_count"))}
 
 
 def tile_layout(flink: FlinkSettings) -> dict[int, int]:
@@ -367,6 +409,9 @@ class _ReadPlan:
     fields: list[str]
     head: bytes  # RESP before the key
     tail: bytes  # RESP after the key: the fields
+    layout: RowLayout  # an entity's reply when every field is there
+    plain_bytes: np.ndarray  # in that reply, the bytes of the plain fields' values, in order
+    ring_bytes: list[tuple[int, int]]  # and each ring's offset and length
 
 
 @functools.cache
@@ -395,8 +440,22 @@ def _read_plan(names: tuple[str, ...], tiles_s: tuple[tuple[int, int], ...]) -> 
             sources.append((-1, plain.index(name)))
             end_columns.append(len(plain) + plain_horizons.index(horizon))
     tail = b"".join(b"$%d\r\n%s\r\n" % (len(f), f) for f in (f.encode() for f in fields))
-    return _ReadPlan(len(fields), plain_width, sources, end_columns,
-                     [(h, h // tile_of[h]) for h in tiled], fields, b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2), tail)
+    rings = [(h, h // tile_of[h]) for h in tiled]
+    layout = RowLayout.of([VALUE_BYTES] * plain_width + [ring * TILE_BYTES for _, ring in rings])
+    plain_bytes = (np.array(layout.value_at[:plain_width], dtype=np.intp)[:, None]
+                   + np.arange(VALUE_BYTES)).reshape(-1)
+    ring_bytes = [(at, ring * TILE_BYTES) for at, (_, ring) in zip(layout.value_at[plain_width:], rings, strict=True)]
+    return _ReadPlan(len(fields), plain_width, sources, end_columns, rings, fields,
+                     b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2), tail, layout, plain_bytes, ring_bytes)
+
+
+def _parsed_columns(replies: list[Any], plan: _ReadPlan, prefix: str) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The entities' replies, parsed one by one, as `_read_chunk`'s plain values and rings."""
+    flat, n = _concatenated(replies), len(replies)
+    plain = _float64s([flat[c::plan.width] for c in range(plan.plain_width)], VALUE_BYTES, prefix)
+    rings = [_float64s([flat[plan.plain_width + r::plan.width]], ring * TILE_BYTES, prefix).reshape(n, -1)
+             for r, (_, ring) in enumerate(plan.tiled)]
+    return plain.reshape(plan.plain_width, n).T, rings
 
 
 def _float64s(columns: list[list[bytes | None]], size: int, prefix: str) -> np.ndarray:
@@ -423,34 +482,3 @@ def _concatenated(replies: list[Any]) -> list[bytes | None]:
             raise redis.ResponseError(str(reply))
         flat += reply
     return flat
-
-
-def _each_reply(connection: redis.Connection, n: int) -> list[Any]:
-    """The next `n` replies, an error reply as an exception object. Parsed straight off the socket by
-    hiredis: redis-py's per-reply read_response costs about as much as Redis takes to answer."""
-    sock = getattr(connection, "_sock", None)
-    replies: list[Any] = []
-    if sock is None:  # a redis-py without the private socket: its own parser, slower, same replies
-        for _ in range(n):
-            try:
-                replies.append(connection.read_response())
-            except redis.ResponseError as exc:
-                replies.append(exc)
-        return replies
-    reader = hiredis.Reader()
-    while len(replies) < n:
-        try:
-            chunk = sock.recv(1 << 16)
-        except TimeoutError as exc:  # as redis-py's own reads: a retryable error, not an OSError
-            raise redis.TimeoutError(f"reading from Redis: {exc}") from exc
-        except OSError as exc:
-            raise redis.ConnectionError(f"reading from Redis: {exc}") from exc
-        if not chunk:
-            raise redis.ConnectionError("Redis closed the connection during a read")
-        reader.feed(chunk)
-        while len(replies) < n:
-            reply = reader.gets()
-            if reply is False:
-                break
-            replies.append(reply)
-    return replies

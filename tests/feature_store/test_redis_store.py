@@ -266,6 +266,43 @@ def test_tiles_and_whole_windows_are_read_together_and_other_layouts_refused(til
         tiled.write_batch([{**tile("m4", 60, 0, 1, 1), "window_end": 7000}])
 
 
+def test_replies_read_as_rows_give_what_replies_parsed_one_by_one_give(tiled: RedisFeatureStore,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch whose every entity has every field is cut out of the bytes read; one with an entity
+    missing, a redis-py without the socket, or a batch in several sends is parsed reply by reply: the
+    same features either way."""
+    from feature_store import resp
+
+    rng = np.random.default_rng(5)
+    users = [f"r{k}" for k in range(30)]
+    batch = [record(u, 9000 + 3000 * k, k % 4, horizon_s=3) for k, u in enumerate(users)]
+    for u in users:
+        for horizon in (60, 600):
+            for start in rng.choice(40, 6, replace=False).tolist():
+                impressions = int(rng.integers(1, 9))
+                batch.append(tile(u, horizon, start * TILES_S[horizon] * 1000, impressions,
+                                  int(rng.integers(0, impressions + 1)), (int(rng.integers(0, 900)), 2),
+                                  int(rng.integers(1, 6))))
+    tiled.write_batch(batch)
+    names = ["3s.clicks", "60s.impressions", "60s.ctr", "600s.dwell_mean_ms", "3s.ctr", "600s.distinct_counterparts"]
+    cut: list[np.ndarray | None] = []
+    fixed_rows = resp.fixed_rows
+    monkeypatch.setattr(resp, "fixed_rows", lambda *args: cut.append(fixed_rows(*args)) or cut[-1])
+    as_rows = tiled.get_online_features("user", users, names)
+    assert cut[-1] is not None and cut[-1].shape[0] == len(users)
+    assert not np.isnan(as_rows.values).any() and (as_rows.window_end_ms > 0).all()
+    with_one_missing = tiled.get_online_features("user", [*users, "nobody"], names)
+    assert cut[-1] is None
+    assert np.isnan(with_one_missing.values[-1]).all()
+    monkeypatch.setattr("feature_store.redis_store.ENTITIES_PER_SEND", 7)
+    in_sends = tiled.get_online_features("user", users, names)
+    monkeypatch.setattr(resp, "read_through", lambda *args: None)  # a redis-py without `_sock`
+    parsed = tiled.get_online_features("user", users, names)
+    for other in (with_one_missing, in_sends, parsed):
+        assert other.values[:len(users)].tolist() == as_rows.values.tolist()
+        assert other.window_end_ms[:len(users)].tolist() == as_rows.window_end_ms.tolist()
+
+
 def test_tiles_decoded_in_bulk_write_what_their_records_write(settings: Settings) -> None:
     from feature_store.columns import FeatureColumns
     from schemas.bulk import BulkDecoder
