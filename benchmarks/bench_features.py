@@ -162,6 +162,8 @@ OPTION_CASES: dict[str, dict[str, Any]] = {
     # a bound, not a candidate (other features): the longer horizons fired once per window, not once per
     # slide, which is what emitting per-slide windows costs the job (tiles would remove most of that)
     "horizons_tumbling": {"horizon_slides_s": {60: 60, 600: 600}},
+    # a bound too: what the users' recent lists cost (their OVER aggregate, versions and temporal join)
+    "no_history": {"history_length": 0},
 }
 
 
