@@ -303,6 +303,30 @@ def test_replies_read_as_rows_give_what_replies_parsed_one_by_one_give(tiled: Re
         assert other.window_end_ms[:len(users)].tolist() == as_rows.window_end_ms.tolist()
 
 
+def test_rings_of_other_lengths_and_unknown_features_read_alongside(settings: Settings) -> None:
+    """A read of rings of two lengths, with a feature no ring holds, gives what a read of each horizon
+    alone gives."""
+    store = RedisFeatureStore(settings.redis.url, settings.redis.key_prefix + "-lengths", ttl_s=600,
+                              tiles_s={60: 3, 600: 60})
+    batch = []
+    for k in range(5):
+        batch += [{**tile(f"l{k}", 60, 3000 * j, 2 + k, k % 2), "window_end": 3000 * (j + 1)} for j in range(k, 25)]
+        batch += [{**tile(f"l{k}", 60, 60_000 * j, 4, 1 + k % 3), "horizon_s": 600, "window_start": 60_000 * j,
+                   "window_end": 60_000 * (j + 1)} for j in range(k, 12)]
+    store.write_batch(batch)
+    users = [f"l{k}" for k in range(5)] + ["none"]
+    both = store.get_online_features("user", users, ["600s.ctr", "60s.nonesuch", "60s.impressions", "600s.clicks"])
+    short = store.get_online_features("user", users, ["60s.impressions"])
+    long = store.get_online_features("user", users, ["600s.ctr", "600s.clicks"])
+    assert np.isnan(both.values[:, 1]).all()
+    np.testing.assert_array_equal(both.values[:, [2]], short.values)
+    np.testing.assert_array_equal(both.values[:, [0, 3]], long.values)
+    np.testing.assert_array_equal(both.window_end_ms[:, [2]], short.window_end_ms)
+    np.testing.assert_array_equal(both.window_end_ms[:, [0, 3]], long.window_end_ms)
+    assert not np.isnan(both.values[:5, [0, 2, 3]]).any() and np.isnan(both.values[5]).all()
+    assert both.window_end_ms[0].tolist() == [720_000, 75_000, 75_000, 720_000]
+
+
 def test_tiles_decoded_in_bulk_write_what_their_records_write(settings: Settings) -> None:
     from feature_store.columns import FeatureColumns
     from schemas.bulk import BulkDecoder
