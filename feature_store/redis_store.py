@@ -273,12 +273,11 @@ class RedisFeatureStore:
                               for e in map(str.encode, ids)], marker])
         n, n_replies = len(ids), len(ids) + with_progress + 1
         got = self._round_trip_raw(payload, end, n_replies, n * plan.layout.width)
-        progress, rows = (None, 0), None
-        if not isinstance(got, list):
-            progress = resp.leading_reply(got) if with_progress else (None, 0)
-            rows = None if progress is None else resp.fixed_rows(got, n, plan.layout, progress[1])
-        if rows is not None and progress is not None:
-            replies = [progress[0]] * with_progress + resp.parse(got[progress[1] + rows.size:], 1)
+        # the progress reply in front, and the bytes it takes (none without it)
+        head = None if isinstance(got, list) else resp.leading_reply(got) if with_progress else ([], 0)
+        rows = None if head is None else resp.fixed_rows(got, n, plan.layout, head[1])
+        if rows is not None:
+            replies = [head[0]] * with_progress + resp.parse(got[head[1] + rows.size:], 1)
             plain = np.ascontiguousarray(rows[:, plan.plain_bytes]).view("<f8")
             rings = [np.ascontiguousarray(rows[:, at:at + size]).view("<f8") for at, size in plan.ring_bytes]
         else:

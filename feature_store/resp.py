@@ -62,7 +62,7 @@ class RowLayout:
 
     @classmethod
     def of(cls, sizes: Sequence[int]) -> RowLayout:
-        template, value_at, is_value = bytearray(b"*%d\r\n" % len(sizes)), [], []
+        template, value_at = bytearray(b"*%d\r\n" % len(sizes)), []
         for size in sizes:
             template += b"$%d\r\n" % size
             value_at.append(len(template))
@@ -112,8 +112,7 @@ def parse(raw: bytes | bytearray | memoryview, n: int) -> list[Any]:
     view = memoryview(raw)
     for start in range(0, len(raw), FEED_BYTES):
         reader.feed(view[start:start + FEED_BYTES])
-        while len(replies) < n and (reply := reader.gets()) is not False:
-            replies.append(reply)
+        _take(reader, replies, n)
     if len(replies) < n:
         raise redis.ConnectionError(f"Redis sent {len(replies)} of {n} replies before the end marker")
     return replies
@@ -156,9 +155,14 @@ def each_reply(connection: redis.Connection, n: int) -> list[Any]:
     reader = hiredis.Reader()
     while len(replies) < n:
         reader.feed(_received(sock.recv, FEED_BYTES))
-        while len(replies) < n and (reply := reader.gets()) is not False:
-            replies.append(reply)
+        _take(reader, replies, n)
     return replies
+
+
+def _take(reader: hiredis.Reader, replies: list[Any], n: int) -> None:
+    """The replies the reader holds complete onto `replies`, up to `n` in all."""
+    while len(replies) < n and (reply := reader.gets()) is not False:
+        replies.append(reply)
 
 
 def _received(receive: Any, into: Any) -> Any:
