@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -26,12 +27,20 @@ def features_group() -> None:
     """The windowed feature job and the online feature store."""
 
 
+def _say_what_happens() -> None:
+    """The pipeline's own log at INFO (the loader's partitions, a checkpoint resumed from); other
+    libraries' (py4j's calls) only from WARNING."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("rtrec").setLevel(logging.INFO)
+
+
 @features_group.command("run")
 @click.option("--fresh", is_flag=True, help="Ignore retained checkpoints (start from committed group offsets).")
 @click.option("--no-loader", is_flag=True, help="Do not feed Redis from the features topic in this process.")
 @click.pass_obj
 def run(settings: Settings, fresh: bool, no_loader: bool) -> None:
     """Run the feature job on an embedded mini-cluster plus the Redis loader, until SIGTERM or Ctrl-C."""
+    _say_what_happens()
     with graceful_stop(60.0) as stop:
         _run_job(settings, fresh, no_loader, stop)
     click.echo("stopped (checkpoints are retained; the next run resumes from the newest)")
@@ -107,6 +116,7 @@ def load(settings: Settings, rebuild: bool, idle_exit_s: float | None) -> None:
     Redis restarting is waited out (flink.loader_outage_s); longer, it exits 1 with the cause."""
     from feature_store.loader import LoaderConfig, LoaderError, run_loader
 
+    _say_what_happens()
     with graceful_stop(30.0) as stop:
         try:
             stats = run_loader(LoaderConfig.from_settings(settings, from_beginning=rebuild),

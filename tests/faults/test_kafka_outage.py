@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from core.kafka import group_lag
 from core.settings import Settings
 from gpu_trainer.snapshots import SnapshotStore
 from rtrec.services.kafka_broker import KafkaBroker
@@ -66,6 +68,15 @@ def describe_difference(got: dict, expected: dict) -> str:
             + (f": {first!r} {got[first]!r} != {expected[first]!r}" if first else ""))
 
 
+def what_went_on(s: Settings, log: Path, job: subprocess.Popen) -> str:
+    """For a failure's message: whether `features run` still runs, its loader's lag per partition, and
+    the end of the processes' log (librdkafka's connection noise left out)."""
+    lines = [line for line in log.read_text().splitlines() if "Connect to ipv4" not in line]
+    return (f"\nfeatures run: {'running' if job.poll() is None else f'exited {job.returncode}'}; loader lag "
+            f"{group_lag(s.kafka.bootstrap_servers, s.flink.loader_group_id, s.kafka.topics.features)}\n"
+            + "\n".join(lines[-40:]))
+
+
 def test_kafka_stopped_for_30_s_mid_run_loses_nothing_and_doubles_nothing(
         settings: Settings, tmp_path: Path, own_kafka: KafkaBroker) -> None:
     reference = run_settings(settings, "ref", tmp_path)
@@ -92,7 +103,7 @@ def test_kafka_stopped_for_30_s_mid_run_loses_nothing_and_doubles_nothing(
         deadline = time.monotonic() + 60
         while (now := redis_contents(s)) != expected.redis and time.monotonic() < deadline:
             time.sleep(1)
-        assert now == expected.redis, describe_difference(now, expected.redis)
+        assert now == expected.redis, describe_difference(now, expected.redis) + what_went_on(s, log, job)
         wait_until(lambda: settled_samples(s) == expected_samples, 60, "the uninterrupted run's samples", log)
         for process in (job, trainer):
             process.send_signal(signal.SIGTERM)
