@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 import redis
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
+from core.group_watch import GroupWatch
 from core.kafka import cached_lag, ensure_topics, is_transient, producer_config
 from core.settings import Settings
 from feature_store.base import FeatureWriter
@@ -71,6 +73,9 @@ class LoaderConfig:
     from_beginning: bool = False
     # the Kafka clients' authentication and TLS (KafkaSecuritySettings.librdkafka())
     security: Mapping[str, str] = field(default_factory=dict)
+    # without partitions this long, the loader asks the group coordinator whether its consumer is still
+    # a member, and replaces a consumer the group left behind (core.group_watch says why)
+    rejoin_check_s: float = 60.0
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> LoaderConfig:
@@ -134,11 +139,11 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
     def send(offsets: dict[tuple[str, int], int]) -> None:
         consumer.raw.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=True)
 
-    commits = DurableCommits(send, c.commit_lag_s, c.outage_s, on_failure=lambda: retried("committing offsets"))
+    def fresh_commits() -> DurableCommits:
+        return DurableCommits(send, c.commit_lag_s, c.outage_s, on_failure=lambda: retried("committing offsets"))
+
+    commits = fresh_commits()
     ensure_topics(c.bootstrap, [c.topic], c.partitions, security=c.security)
-    consumer = AvroConsumer(c.bootstrap, c.group_id, None, "FeatureRecord", isolation_level=c.isolation_level,
-                            **{"fetch.min.bytes": 1, "fetch.wait.max.ms": 50, "on_commit": commits.on_commit,
-                               "session.timeout.ms": c.session_timeout_ms, **c.security})
     rewound: set[int] = set()
     stats = LoaderStats()
 
@@ -149,11 +154,25 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
                     tp.offset = OFFSET_BEGINNING
                     rewound.add(tp.partition)
         raw.assign(partitions)
+        log.info("partitions assigned: %s", sorted(tp.partition for tp in partitions))
 
-    def on_taken(raw: Any, partitions: list[TopicPartition]) -> None:
-        commits.forget()
+    def taken(how: str, its_commits: DurableCommits) -> Callable[[Any, list[TopicPartition]], None]:
+        def on_taken(raw: Any, partitions: list[TopicPartition]) -> None:
+            its_commits.forget()
+            log.info("partitions %s: %s", how, sorted(tp.partition for tp in partitions))
+        return on_taken
 
-    consumer.raw.subscribe([c.topic], on_assign=on_assign, on_revoke=on_taken, on_lost=on_taken)
+    def subscribed(its_commits: DurableCommits) -> AvroConsumer:
+        """A consumer of the topic whose commit results and lost partitions go to `its_commits`."""
+        new = AvroConsumer(c.bootstrap, c.group_id, None, "FeatureRecord", isolation_level=c.isolation_level,
+                           **{"fetch.min.bytes": 1, "fetch.wait.max.ms": 50, "on_commit": its_commits.on_commit,
+                              "session.timeout.ms": c.session_timeout_ms, **c.security})
+        new.raw.subscribe([c.topic], on_assign=on_assign, on_revoke=taken("revoked", its_commits),
+                          on_lost=taken("lost", its_commits))
+        return new
+
+    consumer = subscribed(commits)
+    membership = GroupWatch(c.bootstrap, c.group_id, c.rejoin_check_s, security=c.security)
     dead = AvroProducer(producer_config(c.bootstrap, linger_ms=5, **c.security), c.dead_letter_topic, "DeadLetter")
 
     def commit_unless_moved_on(offsets: dict[tuple[str, int], int]) -> None:
@@ -216,6 +235,18 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
             if time.monotonic() - lag_at >= 1.0:
                 lag_at = time.monotonic()
                 m.lag.set(cached_lag(consumer.raw, consumer.raw.assignment()))
+            if membership.left_behind(consumer.raw):
+                log.warning("the group %s has settled without this loader's consumer, which has had no partitions "
+                            "for %.0f s and no error: starting a new consumer", c.group_id, membership.unassigned_for())
+                retried("rejoining the group")
+                # what the old consumer wrote but did not commit is read again from the last commit; its
+                # commit under way answers (if ever) to the old DurableCommits. Closed on the side: closing
+                # a consumer waits for its group coordinator, which it has lost.
+                left, commits = consumer, fresh_commits()
+                threading.Thread(target=left.close, name="left-behind-consumer", daemon=True).start()
+                consumer = subscribed(commits)
+                membership.restart()
+                last = time.monotonic()
         if commits.pending:  # a clean stop: wait until Redis has the last writes on disk, then commit them
             time.sleep(commits.durable_in())
             commits.commit_all_now(lambda offsets: retrying(

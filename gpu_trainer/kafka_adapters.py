@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+from core.group_watch import GroupWatch
 from core.kafka import cached_lag, ensure_topics, producer_config
 from core.settings import KafkaSettings, TrainerSettings
 from gpu_trainer.batch import COLUMN_SOURCES, HISTORY_SOURCES
@@ -75,6 +77,7 @@ class KafkaSampleSource:
                                                   keep_rejected_values=True, **config)
         self._consumer = self._new_consumer()
         self._fenced_at: list[float] = []
+        self._membership = GroupWatch(bootstrap, group_id, max(60.0, 6 * session_timeout_ms / 1000), security=security)
 
     @classmethod
     def from_settings(cls, kafka: KafkaSettings, trainer: TrainerSettings,
@@ -125,6 +128,15 @@ class KafkaSampleSource:
             self._join_again(exc)
             return ConsumedBatch([], [], {})
         self.start_offsets.update(batch.offsets)
+        if self.ranks is None and self._membership.left_behind(self._consumer.raw):
+            log.warning("the group %s has settled without the samples consumer, which has had no partitions for "
+                        "%.0f s and no error: a new consumer joins from the samples polled last",
+                        self._membership.group_id, self._membership.unassigned_for())
+            left = self._consumer
+            # closing waits for the group coordinator the old consumer has lost: on the side
+            threading.Thread(target=left.close, name="left-behind-consumer", daemon=True).start()
+            self._start_new_consumer()
+            self._membership.restart()
         return batch
 
     def _join_again(self, exc: KafkaException) -> None:
@@ -143,6 +155,9 @@ class KafkaSampleSource:
                     "last", exc.args[0].str(), self.instance_id)
         with contextlib.suppress(Exception):  # a fenced consumer may refuse to close cleanly
             self._consumer.close()
+        self._start_new_consumer()
+
+    def _start_new_consumer(self) -> None:
         self._consumer = self._new_consumer()
         self.assigned.clear()
         self.start(self.start_offsets)

@@ -4,6 +4,7 @@ offsets committed after the writes."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -103,3 +104,84 @@ def test_the_loader_exports_its_metrics(settings: Settings) -> None:
     assert values["rtrec_loader_dead_lettered_total"] == 1
     assert values["rtrec_loader_consumer_lag"] == 0
     assert 'rtrec_loader_freshness_seconds{quantile="1"}' in values
+
+
+def test_the_coordinator_tells_a_consumer_left_out_of_its_group_from_one_without_partitions(
+        settings: Settings) -> None:
+    from confluent_kafka import Consumer as PlainConsumer
+
+    from core.group_watch import GroupWatch
+    from core.kafka import consumer_config
+
+    k = settings.kafka
+    ensure_topics(k.bootstrap_servers, [k.topics.features], partitions=1)
+    group = f"watch-{settings.redis.key_prefix}"
+    members = [PlainConsumer(consumer_config(k.bootstrap_servers, group)) for _ in range(2)]
+    left_out = PlainConsumer(consumer_config(k.bootstrap_servers, group))  # never joins: no subscription
+    try:
+        for consumer in members:
+            consumer.subscribe([k.topics.features])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (all(c.memberid() for c in members)
+                                                   and sum(len(c.assignment()) for c in members) == 1):
+            for consumer in members:
+                consumer.poll(0.2)
+        holder, idle = sorted(members, key=lambda c: -len(c.assignment()))
+        assert holder.assignment() and not idle.assignment() and idle.memberid()
+        watch = {c: GroupWatch(k.bootstrap_servers, group, after_s=0.0, every_s=0.0) for c in members + [left_out]}
+        verdicts: list[list[bool]] = []
+        while time.monotonic() < deadline and not any(v[2] for v in verdicts):  # until the group has settled
+            for consumer in members:
+                consumer.poll(0.2)
+            verdicts.append([watch[c].left_behind(c) for c in (holder, idle, left_out)])
+        assert verdicts[-1] == [False, False, True] and len(verdicts) >= 2, verdicts  # two answers in a row count
+        assert not any(v[0] or v[1] for v in verdicts), verdicts
+    finally:
+        for consumer in members + [left_out]:
+            consumer.close()
+
+
+def test_a_consumer_the_group_left_behind_is_replaced_and_nothing_is_lost(settings: Settings,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """librdkafka's lost coordinator cannot be brought about on demand, so the watch's verdict is forced
+    once, after the first batch: the loader then reads on with a new consumer from the last commit."""
+    import feature_store.loader as loader_module
+    from core.group_watch import GroupWatch
+    from feature_store.telemetry import LoaderMetrics
+
+    class ForcedOnce(GroupWatch):
+        forced = 0
+
+        def left_behind(self, consumer: Consumer) -> bool:
+            if ForcedOnce.forced == 0 and consumer.assignment() and stats_seen:
+                ForcedOnce.forced = 1
+                return True
+            return super().left_behind(consumer)
+
+    k = settings.kafka
+    ensure_topics(k.bootstrap_servers, [k.topics.features], partitions=2)
+    producer = AvroProducer(producer_config(k.bootstrap_servers), k.topics.features, "FeatureRecord")
+    expected = [record(f"u{i % 50}", 3000 * (1 + i // 50), clicks=i % 7) for i in range(2000)]
+    for r in expected:
+        producer.produce(r, key=r["entity_id"])
+    producer.flush()
+    monkeypatch.setattr(loader_module, "GroupWatch", ForcedOnce)
+    stats_seen: list[int] = []
+    metrics = LoaderMetrics()
+    config = LoaderConfig.from_settings(settings, batch=300, group_id=f"left-{settings.redis.key_prefix}")
+    store = RedisFeatureStore.from_settings(settings.redis, settings.flink)
+    stats = run_loader(config, store, idle_exit_s=3.0, metrics=metrics,
+                       on_batch=lambda s: stats_seen.append(s.records))
+
+    assert ForcedOnce.forced == 1
+    assert metrics.retries.labels(what="rejoining the group")._value.get() == 1
+    assert stats.records > len(expected)  # what was not committed yet came again to the new consumer
+    newest = {r["entity_id"]: r["clicks"] for r in expected}  # the last window of each user is the newest
+    got = store.get_online_features("user", sorted(newest), ["3s.clicks"])
+    assert got.values[:, 0].tolist() == [float(newest[u]) for u in sorted(newest)]
+    group = Consumer({"bootstrap.servers": k.bootstrap_servers, "group.id": config.group_id})
+    partitions = [TopicPartition(k.topics.features, p) for p in range(2)]
+    committed = [tp.offset for tp in group.committed(partitions, timeout=10)]
+    ends = [group.get_watermark_offsets(tp, timeout=10)[1] for tp in partitions]
+    group.close()
+    assert committed == ends

@@ -1,6 +1,7 @@
 """The samples consumer's static membership fenced (librdkafka's one fatal consumer error), against the
 real broker: the source joins again as a new consumer and goes on from the samples it polled last
-(nothing skipped, nothing read twice), and ends with its cause when fencing goes on."""
+(nothing skipped, nothing read twice), and ends with its cause when fencing goes on. The same for a
+consumer its group left behind (core.group_watch)."""
 
 from __future__ import annotations
 
@@ -99,3 +100,33 @@ def test_ranks_take_no_static_membership() -> None:
     finally:
         alone.close()
         ranked.close()
+
+
+def test_a_consumer_its_group_left_behind_is_replaced_from_the_samples_polled_last(
+        settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """librdkafka's lost coordinator cannot be brought about on demand, so the watch's verdict is forced
+    once; the consumer that replaces the left-behind one is real."""
+    from core.group_watch import GroupWatch
+
+    s = trainer_settings(settings, tmp_path)
+    before, after = make_samples(300), make_samples(200, seed=1, start=300)
+    produce_samples(s, before + after)
+    verdicts = [True]
+
+    def forced_once(watch: GroupWatch, consumer: object) -> bool:
+        return bool(armed and verdicts and verdicts.pop())
+
+    armed: list[bool] = []
+    monkeypatch.setattr(GroupWatch, "left_behind", forced_once)
+    source = source_of(s, f"trainer-{uuid.uuid4().hex[:6]}")
+    source.start({})
+    try:
+        first = polled_ids(source, 300)
+        armed.append(True)
+        rest = polled_ids(source, 100)  # the old consumer's last poll; the new one reads the other 100
+        rest += polled_ids(source, 100)
+        more = polled_ids(source, 1, timeout_s=5)
+    finally:
+        source.close()
+    assert not verdicts and not more  # replaced once; the new consumer read nothing polled before
+    assert sorted(first + rest) == sorted(str(x["sample_id"]) for x in before + after)  # none lost, none twice
