@@ -320,15 +320,17 @@ def _mark(stats: LoaderStats) -> None:
 
 
 def freshness(settings: Settings, seconds: float, rate: float, checkpoint_ms: int, isolation: str,
-              measured: bool = True) -> None:
+              measured: bool = True, with_samples: bool = False) -> None:
     """Window close -> readable in Redis for `seconds` of live events at `rate`; `measured=False`: a run
     that only warms the JVM (the first run of a process was the slowest: p99 1.14 s, then 0.66 s and
-    0.99 s at 2,000 events/s)."""
+    0.99 s at 2,000 events/s). `with_samples`: the job writes the training samples too, as in the demo
+    and `features run` (nothing reads them here)."""
     s = isolated(settings, checkpoint_interval_ms=checkpoint_ms)
     s = s.model_copy(update={"synthetic": s.synthetic.model_copy(update={"events_per_second_event_time": rate})})
     k = s.kafka
     ensure_topics(k.bootstrap_servers, list(k.topics.model_dump().values()), k.partitions)
-    job = build_job(s, table_environment(s), with_samples=False, job_id=f"fresh-{uuid.uuid4().hex[:6]}").execute()
+    job = build_job(s, table_environment(s), with_samples=with_samples,
+                    job_id=f"fresh-{uuid.uuid4().hex[:6]}").execute()
     stop = threading.Event()
     results = []
     loader = threading.Thread(target=lambda: results.append(run_loader(
@@ -345,7 +347,7 @@ def freshness(settings: Settings, seconds: float, rate: float, checkpoint_ms: in
         return
     close = np.array(results[0].latencies_ms, dtype=np.float64) - s.flink.watermark_delay_ms
     # only windows that closed while events flowed (the last ones close on the next events, never here)
-    case = f"checkpoint_{checkpoint_ms}ms_{isolation}"
+    case = f"checkpoint_{checkpoint_ms}ms_{isolation}" + ("_with_samples" if with_samples else "")
     emit("features", f"window_close_to_redis_{case}", float(np.median(close)), "ms",
          len(close), p50=round(float(np.percentile(close, 50)), 1), p99=round(float(np.percentile(close, 99)), 1))
     OUT.mkdir(exist_ok=True)
@@ -426,7 +428,8 @@ def main() -> None:
     parser.add_argument("--fresh-seconds", type=float, default=20.0)
     parser.add_argument("--fresh-rate", type=float, default=2000.0)
     parser.add_argument("--fresh-cases", default="uncommitted-5000,committed-5000,committed-500",
-                        help="--only freshness: the loader's isolation and the checkpoint interval (ms) per case")
+                        help="--only freshness: the loader's isolation and the checkpoint interval (ms) per "
+                             "case; a third part `samples` runs the job with the training samples too")
     parser.add_argument("--use-running-services", action="store_true")
     parser.add_argument("--only", default="pipeline,loader,freshness,reads")
     parser.add_argument("--rounds", type=int, default=2, help="--only options: runs per case")
@@ -449,8 +452,9 @@ def main() -> None:
             freshness(settings, min(args.fresh_seconds, 10.0), args.fresh_rate, 5000, "read_uncommitted",
                       measured=False)
             for case in args.fresh_cases.split(","):
-                isolation, checkpoint_ms = case.rsplit("-", 1)
-                freshness(settings, args.fresh_seconds, args.fresh_rate, int(checkpoint_ms), f"read_{isolation}")
+                isolation, checkpoint_ms, *rest = case.split("-")
+                freshness(settings, args.fresh_seconds, args.fresh_rate, int(checkpoint_ms), f"read_{isolation}",
+                          with_samples=rest == ["samples"])
         if "pipeline" in only:
             pipeline(settings, args.events)
         if "stages" in only:  # not in the default list: it is a profile, not a target
