@@ -69,12 +69,17 @@ def describe_difference(got: dict, expected: dict) -> str:
 
 
 def what_went_on(s: Settings, log: Path, job: subprocess.Popen) -> str:
-    """For a failure's message: whether `features run` still runs, its loader's lag per partition, and
-    the end of the processes' log (librdkafka's connection noise left out)."""
+    """For a failure's message: whether `features run` still runs, its loader's lag per partition, the
+    job's state changes and failures from Flink's log, and the end of the processes' log (librdkafka's
+    connection noise left out)."""
     lines = [line for line in log.read_text().splitlines() if "Connect to ipv4" not in line]
+    flink = list(dict.fromkeys(  # the job's state changes and each distinct exception once
+        line[:300] for path in sorted(s.flink.log_dir.glob("*.log"))
+        for line in path.read_text(errors="replace").splitlines()
+        if "switched from" in line and "Job " in line or "Exception:" in line))
     return (f"\nfeatures run: {'running' if job.poll() is None else f'exited {job.returncode}'}; loader lag "
             f"{group_lag(s.kafka.bootstrap_servers, s.flink.loader_group_id, s.kafka.topics.features)}\n"
-            + "\n".join(lines[-40:]))
+            + "Flink's log:\n" + "\n".join(flink[-15:]) + "\nthe processes' log:\n" + "\n".join(lines[-40:]))
 
 
 def test_kafka_stopped_for_30_s_mid_run_loses_nothing_and_doubles_nothing(
