@@ -56,7 +56,7 @@ def describe_group(admin: AdminClient, group_id: str, timeout_s: float = 10.0) -
     """The coordinator's view of the group, or None when it cannot be had now (a broker down)."""
     try:
         found = admin.describe_consumer_groups([group_id], request_timeout=timeout_s)[group_id].result(timeout_s)
-    except KafkaException as exc:
+    except (KafkaException, TimeoutError) as exc:  # the future's own wait may end before the request's
         log.debug("describing group %s failed: %s", group_id, exc)
         return None
     return GroupView(found.state, frozenset(m.member_id for m in found.members))
