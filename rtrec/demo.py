@@ -2,20 +2,20 @@
 features and samples -> Redis + Kafka -> trainer -> snapshots; a summary and two plots.
 
 Each run works in its own namespace (topics, Redis prefix, snapshot and checkpoint dirs) so its
-figures are its own; the previous run's demo topics are deleted at start.
+figures are its own; the previous runs' demo topics and directories are deleted at start.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
+import shutil
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
@@ -23,17 +23,16 @@ from core.kafka import ensure_topics
 from core.settings import Settings
 from feature_store.loader import LoaderConfig, LoaderStats, run_loader
 from feature_store.redis_store import RedisFeatureStore
-from gpu_trainer.learner import Learner
-from gpu_trainer.prequential import ScoreLog
-from gpu_trainer.service import TrainerService
 from gpu_trainer.snapshots import SnapshotStore
+from rtrec.demo_trainer import TrainerOutcome, TrainerProcess
 from rtrec.reports import Comparison, Freshness, compare_with_frozen, demo_plots
 from rtrec.services import manager
 from rtrec.sources.produce import produce_synthetic
 from schemas.kafka_io import read_topic
 
-# A demo run's id, which ends each of its topic names (Settings.namespaced)
-DEMO_RUN = re.compile(r"\.demo-\d{8}-\d{6}-[0-9a-f]{4}$")
+# A demo run's id, which ends each of its topic names and directories (Settings.namespaced)
+DEMO_ID = r"demo-\d{8}-\d{6}-[0-9a-f]{4}"
+DEMO_RUN = re.compile(rf"\.{DEMO_ID}$")
 
 
 @dataclass
@@ -51,6 +50,7 @@ class DemoResult:
     comparison: Comparison | None = None
     freshness: Freshness = field(default_factory=lambda: Freshness.of([], [], 0))
     trainer_freshness_s: float | None = None
+    trainer_error: str | None = None
     plots: list[Path] = field(default_factory=list)
 
 
@@ -61,6 +61,30 @@ def delete_old_demo_topics(bootstrap: str, security: Mapping[str, str] | None = 
         for future in admin.delete_topics(old, operation_timeout=30).values():
             with contextlib.suppress(Exception):
                 future.result()
+
+
+def delete_old_demo_dirs(base: Settings) -> list[Path]:
+    """The snapshots (about 70 MB each, one per 5 s) and checkpoints of earlier demo runs; returns those
+    deleted. Left in place, every run added about a gigabyte.
+
+    >>> import tempfile
+    >>> root = Path(tempfile.mkdtemp())
+    >>> s = Settings(flink={"checkpoint_dir": root / "chk"}, trainer={"snapshot_dir": root / "snapshots"})
+    >>> for d in ("snapshots-demo-20261204-071245-7aa0/v000001", "snapshots-mine", "chk/demo-20261204-071245-7aa0",
+    ...           "chk/0031aca6"):
+    ...     (root / d).mkdir(parents=True)
+    >>> sorted(p.relative_to(root).as_posix() for p in delete_old_demo_dirs(s))
+    ['chk/demo-20261204-071245-7aa0', 'snapshots-demo-20261204-071245-7aa0']
+    >>> sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+    ['chk', 'chk/0031aca6', 'snapshots-mine']
+    """
+    snapshots, checkpoints = base.trainer.snapshot_dir, base.flink.checkpoint_dir
+    old = [d for d in snapshots.parent.glob(f"{snapshots.name}-demo-*")
+           if re.fullmatch(rf"{re.escape(snapshots.name)}-{DEMO_ID}", d.name)]
+    old += [d for d in checkpoints.glob("demo-*") if re.fullmatch(DEMO_ID, d.name)]
+    for d in old:
+        shutil.rmtree(d, ignore_errors=True)
+    return [d for d in old if not d.exists()]
 
 
 def run_demo(base: Settings, seconds: float, rate: float, say: Callable[[str], None], out_dir: Path) -> DemoResult:
@@ -74,6 +98,7 @@ def run_demo(base: Settings, seconds: float, rate: float, say: Callable[[str], N
     result = DemoResult(run_id)
     k = s.kafka
     delete_old_demo_topics(k.bootstrap_servers, security=k.security.librdkafka())
+    delete_old_demo_dirs(base)
     ensure_topics(k.bootstrap_servers, list(k.topics.model_dump().values()), k.partitions,
                   security=k.security.librdkafka(), per_topic=k.partitions_of())
     stop = threading.Event()
@@ -84,14 +109,10 @@ def run_demo(base: Settings, seconds: float, rate: float, say: Callable[[str], N
     loader_stats: list[LoaderStats] = []
     loader = threading.Thread(target=lambda: loader_stats.append(run_loader(
         LoaderConfig.from_settings(s), store, should_stop=stop.is_set)), name="redis-loader")
-    trainer = TrainerService.from_settings(s.model_copy(update={"trainer": s.trainer.model_copy(update={
+    trainer = TrainerProcess(s.model_copy(update={"trainer": s.trainer.model_copy(update={
         "snapshot_every_s": 5.0, "batch_timeout_ms": 200, "keep_last": 1000})}))  # the frozen baseline is v1
-    logs = _log_scores(trainer)
-    trained: list[Any] = []
-    trainer_thread = threading.Thread(target=lambda: trained.append(trainer.run(should_stop=stop.is_set)),
-                                      name="trainer")
     loader.start()
-    trainer_thread.start()
+    trainer.start()
     try:
         begin_ms = int(time.time() * 1000)
         end_ms = begin_ms + int(seconds * 1000)
@@ -102,7 +123,7 @@ def run_demo(base: Settings, seconds: float, rate: float, say: Callable[[str], N
 
         def reported() -> bool:
             caught_up = (trainer.newest_event_ms or 0) >= end_ms
-            return caught_up or time.monotonic() > deadline or not trainer_thread.is_alive()
+            return caught_up or time.monotonic() > deadline or not trainer.is_alive()
 
         summary = produce_synthetic(s, None, start_ms=begin_ms, progress=True, live=True, should_stop=reported)
         result.events = summary.produced
@@ -110,27 +131,19 @@ def run_demo(base: Settings, seconds: float, rate: float, say: Callable[[str], N
             say("[produce] stopped before the trainer had the samples of the last impressions: the job or the "
                 "trainer fell behind, or the trainer stopped")
         say("[wait] until the trainer has read every sample the job wrote")
-        _wait_for_trainer(trainer, trainer_thread, say, quiet_s=max(10.0, 2 * s.flink.checkpoint_interval_ms / 1000))
+        _wait_for_trainer(trainer, say, quiet_s=max(10.0, 2 * s.flink.checkpoint_interval_ms / 1000))
     except KeyboardInterrupt:
         say("[demo] interrupted: stopping cleanly")
     finally:
         stop.set()
-        trainer_thread.join(60)
+        outcome = trainer.stop()
         loader.join(30)
         with contextlib.suppress(Exception):
             client.cancel().result()
-    _collect(s, result, trainer, loader_stats, store, logs)
+    result.trainer_error = outcome.error
+    _collect(s, result, outcome, loader_stats, store)
     result.plots = demo_plots(result.comparison, result.freshness, out_dir)
     return result
-
-
-def _log_scores(trainer: TrainerService) -> dict[str, ScoreLog]:
-    """A score log per learner (each shadow variant has its own)."""
-    learners: dict[str, Learner] = getattr(trainer.learner, "variants", None) or {"": trainer.learner}
-    logs = {}
-    for name, learner in learners.items():
-        learner.score_log = logs[name] = ScoreLog()
-    return logs
 
 
 def _label_delay_s(s: Settings) -> float:
@@ -140,27 +153,27 @@ def _label_delay_s(s: Settings) -> float:
     return f.attribution_window_s + 2 * f.window_s + f.watermark_delay_ms / 1000
 
 
-def _wait_for_trainer(trainer: TrainerService, thread: threading.Thread, say: Callable[[str], None],
-                      quiet_s: float = 10.0, at_most_s: float = 300.0) -> None:
+def _wait_for_trainer(trainer: TrainerProcess, say: Callable[[str], None], quiet_s: float = 10.0,
+                      at_most_s: float = 300.0) -> None:
     """Until the trainer has trained nothing new for `quiet_s`: it has read every sample the job wrote
     (they come at each checkpoint)."""
     began = time.monotonic()
-    seen, since = trainer.learner.samples_trained, time.monotonic()
-    while time.monotonic() - began < at_most_s and thread.is_alive():
+    seen, since = trainer.samples_trained, time.monotonic()
+    while time.monotonic() - began < at_most_s and trainer.is_alive():
         time.sleep(1.0)
-        now = trainer.learner.samples_trained
+        now = trainer.samples_trained
         if now != seen:
             seen, since = now, time.monotonic()
         elif time.monotonic() - since >= quiet_s:
             return
-    if thread.is_alive():
+    if trainer.is_alive():
         say(f"[wait] the trainer was still training after {at_most_s:.0f} s; stopping it")
     else:
         say("[wait] the trainer stopped before it had read every sample (its error is in the log above)")
 
 
-def _collect(s: Settings, result: DemoResult, trainer: TrainerService, loader_stats: list[LoaderStats],
-             store: RedisFeatureStore, logs: dict[str, ScoreLog]) -> None:
+def _collect(s: Settings, result: DemoResult, trainer: TrainerOutcome, loader_stats: list[LoaderStats],
+             store: RedisFeatureStore) -> None:
     k = s.kafka
     samples = read_topic(k.bootstrap_servers, k.topics.samples, "TrainingSample",
                          security=k.security.librdkafka()).records
@@ -174,14 +187,12 @@ def _collect(s: Settings, result: DemoResult, trainer: TrainerService, loader_st
                                         s.flink.watermark_delay_ms)
     result.redis_keys = sum(1 for _ in store.client.scan_iter(f"{s.redis.key_prefix}:f:*", count=10_000))
     result.snapshots, result.promoted = trainer.written, trainer.promoted
-    result.samples_trained = trainer.learner.samples_trained
+    result.samples_trained = trainer.samples_trained
     snapshots = SnapshotStore(s.trainer.snapshot_dir)
     if trainer.promoted:
         last = snapshots.manifest(trainer.promoted[-1])
         if last.newest_event_ms is not None:
             result.trainer_freshness_s = (last.created_at - last.newest_event_ms) / 1000.0
         kept = [v for v in trainer.promoted if v in snapshots.versions()]
-        if kept:  # the learner published at the end (a shadow variant may have taken the lead)
-            leader = getattr(trainer.learner, "gate", None)
-            log = logs[leader.leader] if leader is not None else logs[""]
-            result.comparison = compare_with_frozen(snapshots, kept[0], samples, log.arrays())
+        if kept and trainer.scores:  # the leading learner's scores (a shadow variant may have taken the lead)
+            result.comparison = compare_with_frozen(snapshots, kept[0], samples, trainer.scores)

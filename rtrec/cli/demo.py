@@ -53,5 +53,7 @@ def demo_command(settings: Settings, seconds: float, rate: float, out_dir: Path)
         click.echo(f"model freshness   newest event in the current snapshot was {r.trainer_freshness_s:.1f}s old")
     for path in r.plots:
         click.echo(f"plot              {path}")
+    if r.trainer_error:
+        raise click.ClickException(f"the trainer failed: {r.trainer_error}")
     if not r.samples or not r.promoted:
         raise click.ClickException("the loop did not complete: no samples or no promoted snapshot")
