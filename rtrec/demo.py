@@ -111,9 +111,9 @@ def run_demo(base: Settings, seconds: float, rate: float, say: Callable[[str], N
         LoaderConfig.from_settings(s), store, should_stop=stop.is_set)), name="redis-loader")
     trainer = TrainerProcess(s.model_copy(update={"trainer": s.trainer.model_copy(update={
         "snapshot_every_s": 5.0, "batch_timeout_ms": 200, "keep_last": 1000})}))  # the frozen baseline is v1
-    loader.start()
-    trainer.start()
-    try:
+    try:  # whatever fails from here, the finally stops what was started
+        loader.start()
+        trainer.start()
         begin_ms = int(time.time() * 1000)
         end_ms = begin_ms + int(seconds * 1000)
         deadline = time.monotonic() + seconds + _label_delay_s(s) + 120
@@ -137,7 +137,8 @@ def run_demo(base: Settings, seconds: float, rate: float, say: Callable[[str], N
     finally:
         stop.set()
         outcome = trainer.stop()
-        loader.join(30)
+        if loader.is_alive():
+            loader.join(30)
         with contextlib.suppress(Exception):
             client.cancel().result()
     result.trainer_error = outcome.error

@@ -37,6 +37,24 @@ class TrainerOutcome:
     error: str | None = None
 
 
+def portable(settings: Settings) -> Settings:
+    """The same settings as a plain `Settings`, which pickles: with a settings file, load_settings returns
+    an instance of a class local to it, which does not (a spawned process gets its arguments pickled).
+
+    >>> import pickle, tempfile
+    >>> from pathlib import Path
+    >>> from core.settings import load_settings
+    >>> toml = Path(tempfile.mkdtemp()) / "rtrec.toml"
+    >>> _ = toml.write_text('[kafka]\\nbootstrap_servers = "broker:9093"\\n')
+    >>> loaded = load_settings(toml)
+    >>> pickle.loads(pickle.dumps(portable(loaded))).kafka.bootstrap_servers
+    'broker:9093'
+    >>> type(portable(loaded)).__name__, portable(loaded).model_dump() == loaded.model_dump()
+    ('Settings', True)
+    """
+    return Settings.model_validate(settings.model_dump())
+
+
 class TrainerProcess:
     """`TrainerService.from_settings(settings)` run in a spawned process until `stop()`. While it runs,
     `newest_event_ms` and `samples_trained` follow its progress (updated at each poll)."""
@@ -48,7 +66,7 @@ class TrainerProcess:
         self._trained = ctx.Value("q", 0, lock=False)
         self._outcome: multiprocessing.Queue[TrainerOutcome] = ctx.Queue()
         self._process = ctx.Process(target=_train, name="rtrec-demo-trainer", daemon=True,
-                                    args=(settings, os.getpid(), self._stop, self._newest, self._trained,
+                                    args=(portable(settings), os.getpid(), self._stop, self._newest, self._trained,
                                           self._outcome))
 
     def start(self) -> None:
@@ -69,6 +87,8 @@ class TrainerProcess:
         """Asks it to stop (it writes its final snapshot first) and returns its outcome; an outcome with
         `error` set when it failed or did not answer within `timeout_s`."""
         self._stop.set()
+        if self._process.pid is None:
+            return TrainerOutcome(error="the trainer process was never started")
         deadline = time.monotonic() + timeout_s
         outcome = None
         while outcome is None:
