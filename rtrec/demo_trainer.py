@@ -15,12 +15,11 @@ import signal
 import time
 import traceback
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from core.settings import Settings
-
-log = logging.getLogger("rtrec.demo")
 
 NICENESS = 10
 
@@ -108,9 +107,8 @@ class TrainerProcess:
         return outcome
 
 
-def _train(settings: Settings, parent_pid: int, stop: multiprocessing.synchronize.Event,
-           newest: multiprocessing.sharedctypes.Synchronized, trained: multiprocessing.sharedctypes.Synchronized,
-           outcome: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+def _train(settings: Settings, parent_pid: int, stop: Any, newest: Any, trained: Any, outcome: Any) -> None:
+    """The spawned process: `stop` an Event, `newest` and `trained` shared int64 values, `outcome` a Queue."""
     # Ctrl-C reaches the whole process group: the demo stops this process itself, after the final
     # snapshot, through `stop`
     signal.signal(signal.SIGINT, signal.SIG_IGN)
