@@ -108,20 +108,35 @@ def _good_events_view(t_env: Any, s: Settings, log_range: LogRange) -> None:
     t_env.create_temporary_view("events", t_env.sql_query(good_events_sql("decoded", f.window_s)))
 
 
-def pipeline(settings: Settings, n_events: int) -> None:
+def pipeline(settings: Settings, n_events: int, rounds: int = 2) -> None:
+    """The whole job and the blackhole query over the same events, alternating for `rounds` rounds
+    after a run of each that only warms the JVM. Measured once each, the job ran first in a cold JVM
+    and the blackhole query after it in a warm one, so the two were not measured alike. The figures
+    are the medians; each round's ratio is printed too."""
     s = isolated(settings)
     k = s.kafka
     ensure_topics(k.bootstrap_servers, list(k.topics.model_dump().values()), k.partitions)
     print(f"producing {n_events} synthetic events", file=sys.stderr)
     produce_synthetic(s, n_events, start_ms=int(time.time() * 1000) - 3_600_000, progress=True)
     everything, nothing = LogRange(Earliest(), Latest()), LogRange(Latest(), Latest())
-    overhead = bounded_seconds(s, False, nothing)
-    full = bounded_seconds(s, False, everything) - overhead
-    hole_overhead = bounded_seconds(s, True, nothing)
-    hole = bounded_seconds(s, True, everything) - hole_overhead
-    emit("features", "pipeline_all_sinks", n_events / full, "events/s", n_events, startup_s=round(overhead, 2))
-    emit("features", "pipeline_blackhole", n_events / hole, "events/s", n_events, startup_s=round(hole_overhead, 2))
-    emit("features", "pipeline_ratio_all_sinks_vs_blackhole", hole / full, "ratio", n_events)
+    for blackhole in (False, True):
+        bounded_seconds(_own_outputs(s), blackhole, everything)
+    full: list[float] = []
+    hole: list[float] = []
+    overheads: list[float] = []
+    for r in range(rounds):
+        case = _own_outputs(s)  # sinks of its own per run, as in options()
+        overheads.append(bounded_seconds(case, False, nothing))
+        full.append(n_events / (bounded_seconds(case, False, everything) - overheads[-1]))
+        hole.append(n_events / (bounded_seconds(s, True, everything) - bounded_seconds(s, True, nothing)))
+        print(f"round {r + 1}/{rounds}: all sinks {full[-1]:,.0f} events/s, blackhole {hole[-1]:,.0f} events/s, "
+              f"ratio {full[-1] / hole[-1]:.3f}", file=sys.stderr, flush=True)
+    ratios = [f / h for f, h in zip(full, hole, strict=True)]
+    emit("features", "pipeline_all_sinks", float(np.median(full)), "events/s", n_events,
+         runs=[round(x) for x in full], startup_s=round(float(np.median(overheads)), 2))
+    emit("features", "pipeline_blackhole", float(np.median(hole)), "events/s", n_events, runs=[round(x) for x in hole])
+    emit("features", "pipeline_ratio_all_sinks_vs_blackhole", float(np.median(ratios)), "ratio", n_events,
+         runs=[round(x, 3) for x in ratios])
 
 
 def stages(settings: Settings, n_events: int) -> None:
@@ -443,7 +458,7 @@ def main() -> None:
                              "case; a third part `samples` runs the job with the training samples too")
     parser.add_argument("--use-running-services", action="store_true")
     parser.add_argument("--only", default="pipeline,loader,freshness,reads")
-    parser.add_argument("--rounds", type=int, default=2, help="--only options: runs per case")
+    parser.add_argument("--rounds", type=int, default=2, help="--only options and pipeline: runs per case")
     parser.add_argument("--cases", default=",".join(OPTION_CASES), help="--only options: which cases")
     parser.add_argument("--jobmanager", default=None, metavar="HOST:PORT",
                         help="run the jobs on this session cluster (e.g. `rtrec features cluster up`'s "
@@ -467,7 +482,7 @@ def main() -> None:
                 freshness(settings, args.fresh_seconds, args.fresh_rate, int(checkpoint_ms), f"read_{isolation}",
                           with_samples=rest == ["samples"])
         if "pipeline" in only:
-            pipeline(settings, args.events)
+            pipeline(settings, args.events, args.rounds)
         if "stages" in only:  # not in the default list: it is a profile, not a target
             stages(settings, args.events)
         if "options" in only:  # likewise: which Flink options pay on this machine
