@@ -17,7 +17,29 @@ log = logging.getLogger("rtrec.flink")
 
 
 class IncompatibleCheckpoint(RuntimeError):
-    """The newest checkpoint holds state of operators the job being started does not have."""
+    """The newest checkpoint holds state the job being started cannot take: of operators it does not
+    have (the start fails), or of a type its operators no longer keep (each restore fails, and a
+    restart never changes that)."""
+
+    @classmethod
+    def of(cls, checkpoint: Path) -> IncompatibleCheckpoint:
+        return cls(f"checkpoint {checkpoint} was written by a job of another shape (other windows, horizons or "
+                   "flink.config, or an earlier build), so its state does not map onto this one. Run with the "
+                   "settings it was written with, or with --fresh: the job then starts from the consumer "
+                   "group's committed offsets, and the windows open at that checkpoint count only what follows")
+
+
+def unrestorable_state(cause: str | None) -> bool:
+    """Whether a failure's cause says that state in the checkpoint is of a type this job's operators no
+    longer keep (e.g. a function's accumulator changed between builds).
+
+    >>> unrestorable_state("org.apache.flink.util.StateMigrationException: For heap backends, the new state "
+    ...                    "serializer (...) must not be incompatible with the old state serializer (...)")
+    True
+    >>> unrestorable_state("java.io.IOException: No space left on device"), unrestorable_state(None)
+    (False, False)
+    """
+    return cause is not None and "StateMigrationException" in cause
 
 
 def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
@@ -57,10 +79,5 @@ def start_job(settings: Settings, resume: bool = True, log_range: LogRange | Non
         # Flink SQL keeps no state compatibility across plans: other windows, horizons or flink.config
         # (such as the aggregation phases, README "One-phase window aggregation") give other operators
         if checkpoint is not None and "Cannot map checkpoint/savepoint state" in str(exc):
-            raise IncompatibleCheckpoint(
-                f"checkpoint {checkpoint} was written by a job of another shape (other windows, horizons or "
-                "flink.config, or an earlier build), so its state does not map onto this one. Run with the "
-                "settings it was written with, or with --fresh: the job then starts from the consumer "
-                "group's committed offsets, and the windows open at that checkpoint count only what follows"
-            ) from None
+            raise IncompatibleCheckpoint.of(checkpoint) from None
         raise

@@ -51,9 +51,10 @@ def _run_job(settings: Settings, fresh: bool, no_loader: bool, stop: threading.E
 
     from feature_store.loader import LoaderConfig, run_loader
     from flink_jobs.monitor import RunningJob, mini_cluster_rest_url
-    from flink_jobs.runner import IncompatibleCheckpoint, start_job
+    from flink_jobs.runner import IncompatibleCheckpoint, latest_checkpoint, start_job, unrestorable_state
     from flink_jobs.watch import ENDED, JobWatch
 
+    resumed_from = None if fresh else latest_checkpoint(settings.flink.checkpoint_dir)
     try:
         result = start_job(settings, resume=not fresh)
     except IncompatibleCheckpoint as exc:
@@ -84,6 +85,8 @@ def _run_job(settings: Settings, fresh: bool, no_loader: bool, stop: threading.E
             if loader_failed:
                 raise click.ClickException(f"the Redis loader stopped: {loader_failed[0]}")
             state = watch.tick()
+            if resumed_from is not None and watch.restarts and unrestorable_state(watch.cause_seen()):
+                raise click.ClickException(str(IncompatibleCheckpoint.of(resumed_from)))
             if state in ENDED:
                 raise click.ClickException(f"feature job {'ended' if state == 'GONE' else state}: "
                                            f"{watch.final_cause()}")
