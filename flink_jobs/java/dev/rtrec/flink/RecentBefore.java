@@ -14,13 +14,9 @@ import org.apache.flink.types.Row;
  * strictly before the impression and within the lookback, at most {@code maxItems}, with their ages.
  * Rows without a list add nothing; no list gives empty arrays.
  */
-@FunctionHint(
-    // RAW: the window keeps the accumulator as the object itself; as a structured type it was converted
-    // to and from Flink's rows, arrays and strings at every row the window took
-    accumulator = @DataTypeHint(value = "RAW", bridgedTo = RecentBefore.Cut.class),
-    output = @DataTypeHint(
-        "ROW<items ARRAY<STRING NOT NULL> NOT NULL, types ARRAY<STRING NOT NULL> NOT NULL, "
-            + "ages_ms ARRAY<BIGINT NOT NULL> NOT NULL>"))
+@FunctionHint(output = @DataTypeHint(
+    "ROW<items ARRAY<STRING NOT NULL> NOT NULL, types ARRAY<STRING NOT NULL> NOT NULL, "
+        + "ages_ms ARRAY<BIGINT NOT NULL> NOT NULL>"))
 public class RecentBefore extends AggregateFunction<Row, RecentBefore.Cut> {
 
   /** The list seen so far and how to cut it. */
