@@ -209,7 +209,9 @@ class TrainerService:
                 self._finish_publication()
             finally:
                 self.source.close()
-        if others_stopped and self.ranks is not None:
+        # A SIGTERM reaches the ranks of one agent a moment apart: one asked to stop in the very round
+        # the others stopped in is stopping as well, not left behind by a scale-down.
+        if others_stopped and self.ranks is not None and not should_stop():
             raise RanksChanged(f"rank {self.ranks.rank}: other ranks stopped; snapshot v{self.version} holds "
                                "this round, torchrun restarts this rank in the new membership")
         return RunSummary(self.learner.samples_trained, self.dead_lettered, self.written, self.promoted,
