@@ -13,7 +13,7 @@ import pytest
 from core.settings import TrainerSettings
 from gpu_trainer import snapshots
 from gpu_trainer.distributed import Agreed, Round, combine
-from gpu_trainer.service import TrainerService
+from gpu_trainer.service import RanksChanged, TrainerService
 from gpu_trainer.snapshots import SnapshotStore
 from schemas.dead_letter import Reject
 from schemas.kafka_io import ConsumedBatch
@@ -331,3 +331,36 @@ def test_a_rank_that_caught_up_does_not_hold_the_others_backlog_by_its_timeout(t
     summary = trainer.run(should_stop=lambda: len(source.timeouts) >= 7)
     assert source.timeouts == [0.05, 0.05, 0.05, 0.0, 0.0, 0.0, 0.05]
     assert summary.samples_trained == 300
+
+
+class _StoppingPeer(_PairedRanks):
+    """Rank 0 of two whose other rank asks to stop in round `stop_at`. With `signalled`, this rank's own
+    SIGTERM arrives during that round's exchange, after it polled: as torchrun passes one SIGTERM to
+    each of its ranks a moment apart."""
+
+    def __init__(self, stop_at: int, signalled: bool) -> None:
+        super().__init__(behind_rounds=0)
+        self.stop_at, self.signalled, self.asked_to_stop = stop_at, signalled, False
+
+    def exchange(self, mine: Round) -> Agreed:
+        self.round += 1
+        stops = self.round >= self.stop_at
+        self.asked_to_stop = self.asked_to_stop or (stops and self.signalled)
+        return combine([mine, Round(mine.batch.head(0), {}, 0, 0.0, stops)])
+
+
+@pytest.mark.parametrize("signalled", [False, True])
+def test_a_rank_left_behind_by_the_others_stopping_ends_for_a_restart_unless_it_was_asked_to_stop_too(
+        tmp_path: Path, signalled: bool) -> None:
+    cfg = config(tmp_path, batch_timeout_ms=10)  # two ranks: 100 samples each polls a round
+    peer = _StoppingPeer(stop_at=2, signalled=signalled)
+    trainer = TrainerService(cfg, ListSource({0: make_samples(300)}), ListOutputs(), MemoryPointer(),
+                             SnapshotStore(cfg.snapshot_dir), ranks=peer)  # type: ignore[arg-type]
+    if signalled:  # stopping with the others: a clean end
+        assert trainer.run(should_stop=lambda: peer.asked_to_stop).samples_trained == 200
+    else:  # a scale-down: this rank ends so that torchrun restarts it in the smaller membership
+        with pytest.raises(RanksChanged, match="other ranks stopped"):
+            trainer.run(should_stop=lambda: peer.asked_to_stop)
+    # either way the round the others stopped in is trained and in the final snapshot
+    store = SnapshotStore(cfg.snapshot_dir)
+    assert store.manifest(store.latest_version()).samples_seen == 200
