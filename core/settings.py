@@ -334,6 +334,10 @@ class FlinkSettings(Section):
     # samples always use. A horizon's hop is its entry in horizon_slides_s, else window_s.
     horizons_s: tuple[int, ...] | None = None
     horizon_slides_s: dict[int, int] = Field(default_factory=lambda: {60: 3, 600: 30})
+    # Per user's or item's tile, the smallest hashes of this many distinct counterparts: a horizon's
+    # distinct count is exact while no tile saw more, within about 1/sqrt(this) beyond. 0: none kept, and
+    # a read gets the most of any one tile (a lower bound).
+    distinct_sketch_size: int = Field(default=64, ge=0, le=256)
     watermark_delay_ms: int = 2_000
     # A partition that sends nothing this long stops holding the watermark back. Flink's clock for it
     # runs while the task works on the other partitions' records, so a short timeout let a backlog or a

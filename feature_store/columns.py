@@ -36,7 +36,9 @@ from schemas.registry import field_names
 # (horizon 0 only); every other field is a stored value.
 SLOT_FIELDS = ("entity_type", "entity_id", "horizon_s", "window_start", "window_end")
 RECENT_FIELDS = ("recent_items", "recent_types", "recent_times_ms")
-VALUE_FIELDS = tuple(f for f in field_names("FeatureRecord") if f not in SLOT_FIELDS + RECENT_FIELDS)
+# a tile's sketch of its distinct counterparts (feature_store.keys)
+SKETCH_FIELD = "counterpart_hashes"
+VALUE_FIELDS = tuple(f for f in field_names("FeatureRecord") if f not in (*SLOT_FIELDS, *RECENT_FIELDS, SKETCH_FIELD))
 # the JSON names of a user's recent-engagements lists (feature_store.keys)
 _RECENT_JSON = {"recent_items": "items", "recent_types": "types", "recent_times_ms": "times_ms"}
 
@@ -44,7 +46,7 @@ _RECENT_JSON = {"recent_items": "items", "recent_types": "types", "recent_times_
 @dataclass(frozen=True)
 class FeatureColumns:
     """One row per FeatureRecord. `recent`: per list field, its flat items and each row's count
-    (a null list counts 0)."""
+    (a null list counts 0); `hashes`: the tiles' counterpart hashes likewise."""
 
     entity_type: np.ndarray  # objects (str)
     entity_id: np.ndarray  # objects (str)
@@ -53,6 +55,7 @@ class FeatureColumns:
     window_end: np.ndarray  # int64, epoch ms
     value_columns: dict[str, np.ndarray]  # VALUE_FIELDS
     recent_items: dict[str, tuple[np.ndarray, np.ndarray]]
+    hashes: tuple[np.ndarray, np.ndarray]  # int64 flat, int64 per row
 
     def __len__(self) -> int:
         return len(self.horizon_s)
@@ -62,22 +65,23 @@ class FeatureColumns:
         c = decoded.columns
         return cls(c["entity_type"], c["entity_id"], c["horizon_s"], c["window_start"], c["window_end"],
                    {name: c[name] for name in VALUE_FIELDS},
-                   {name: (c[name], decoded.lengths[name]) for name in RECENT_FIELDS})
+                   {name: (c[name], decoded.lengths[name]) for name in RECENT_FIELDS},
+                   (c[SKETCH_FIELD], decoded.lengths[SKETCH_FIELD]))
 
     @classmethod
     def of_records(cls, records: Sequence[Mapping[str, Any]]) -> FeatureColumns:
         def column(name: str, dtype: Any) -> np.ndarray:
             return np.array([r[name] for r in records], dtype=dtype)
 
-        recent = {}
-        for name in RECENT_FIELDS:
+        def flat(name: str, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
             lists = [r.get(name) or [] for r in records]
-            recent[name] = (np.array([v for row in lists for v in row], dtype=object),
-                            np.array([len(row) for row in lists], dtype=np.int64))
+            return (np.array([v for row in lists for v in row], dtype=dtype),
+                    np.array([len(row) for row in lists], dtype=np.int64))
+
         return cls(column("entity_type", object), column("entity_id", object), column("horizon_s", np.int64),
                    column("window_start", np.int64), column("window_end", np.int64),
                    {name: column(name, np.float64) for name in VALUE_FIELDS},
-                   recent)
+                   {name: flat(name, object) for name in RECENT_FIELDS}, flat(SKETCH_FIELD, np.int64))
 
     def keys(self, prefix: str) -> list[bytes]:
         """Each row's Redis key (feature_store.keys.entity_key), encoded."""
@@ -117,6 +121,13 @@ class FeatureColumns:
         """[rows, 1 + TILE_VALUES]: the window end, then what a tile keeps, as float64."""
         return np.column_stack([self.window_end[rows], *(self.value_columns[n][rows] for n in TILE_VALUES)]
                                ).astype(np.float64)
+
+    def sketches(self, rows: np.ndarray) -> list[bytes]:
+        """Each row's counterpart hashes as little-endian int64s (empty where the record has none)."""
+        flat, counts = self.hashes
+        starts = np.cumsum(counts) - counts
+        packed = np.ascontiguousarray(flat, dtype="<i8").tobytes()
+        return [packed[8 * s:8 * (s + n)] for s, n in zip(starts[rows].tolist(), counts[rows].tolist(), strict=True)]
 
     def recent(self, row: int) -> dict[str, list[Any]]:
         """Row `row`'s recent-engagements lists, by their JSON names."""

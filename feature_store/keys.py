@@ -29,6 +29,14 @@ store's progress in event time.
 >>> tiles_field(600), progress_key("rtrec"), TILE_BYTES
 ('600s.tiles', 'rtrec:progress', 72)
 
+Distinct counterparts do not add up across tiles, so a user's or item's tile also keeps its sketch: the
+field `{horizon}s.sketch.{k}` for ring position k holds the tile's window end (8 bytes, as in the ring)
+and then its counterpart_hashes, little-endian int64s. It is written with the tile at that position
+and counts only while its window end is the ring's there.
+
+>>> sketch_field(60, 7)
+'60s.sketch.7'
+
 A user-item pair's id joins the two with `|`, each with a backslash or `|` in it escaped by a backslash, so two
 different pairs never share a key (before, user `uA|iB` + item `C` and user `uA` + item `iB|C` did).
 Ids without those characters look as they always did:
@@ -68,6 +76,14 @@ def window_end_field(horizon_s: int) -> str:
 
 def tiles_field(horizon_s: int) -> str:
     return f"{horizon_s}s.tiles"
+
+
+def sketch_field(horizon_s: int, position: int) -> str:
+    return f"{sketch_field_prefix(horizon_s)}{position}"
+
+
+def sketch_field_prefix(horizon_s: int) -> str:
+    return f"{horizon_s}s.sketch."
 
 
 def progress_key(prefix: str) -> str:

@@ -47,6 +47,8 @@ from feature_store.keys import (
     entity_key_prefix,
     field_name,
     progress_key,
+    sketch_field,
+    sketch_field_prefix,
     split_feature_name,
     tiles_field,
     window_end_field,
@@ -74,20 +76,23 @@ return written
 """
 NEWEST_WINS_SHA = hashlib.sha1(NEWEST_WINS.encode()).hexdigest().encode()  # Redis names a script by it
 # Many tiles of one horizon per call. KEYS: the progress hash, then the entity hashes. ARGV: ttl_s, the
-# ring's field, tiles per ring, bytes per tile, then per entity its ring position and its tile (the
-# window end first). A ring of another length (flink.horizon_slides_s changed) starts over.
+# ring's field, tiles per ring, bytes per tile, the sketch fields' prefix, then per entity its ring
+# position, its tile (the window end first) and its counterpart hashes (maybe none), kept beside the
+# tile with its window end. A ring of another length (flink.horizon_slides_s changed) starts over.
 TILES_NEWEST_WINS = """
-local ttl, field, n, width = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local ttl, field, n, width, sketches = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local written, newest = 0, 0
 for k = 2, #KEYS do
-  local at = tonumber(ARGV[2 * k + 1]) * width
-  local tile = ARGV[2 * k + 2]
+  local base = 3 * k
+  local position, tile, hashes = ARGV[base], ARGV[base + 1], ARGV[base + 2]
+  local at = tonumber(position) * width
   local ends = struct.unpack('<d', tile)
   if ends > newest then newest = ends end
   local ring = redis.call('HGET', KEYS[k], field)
   if not ring or #ring ~= n * width then ring = string.rep('\0', n * width) end
   if struct.unpack('<d', ring, at + 1) <= ends then
     redis.call('HSET', KEYS[k], field, string.sub(ring, 1, at) .. tile .. string.sub(ring, at + width + 1))
+    if #hashes > 0 then redis.call('HSET', KEYS[k], sketches .. position, string.sub(tile, 1, 8) .. hashes) end
     if ttl > 0 then redis.call('EXPIRE', KEYS[k], ttl) end
     written = written + 1
   end
@@ -173,13 +178,15 @@ class RedisFeatureStore:
     def _tiles_commands(self, horizon_s: int, ring: int, rows: np.ndarray, positions: np.ndarray,
                         batch: FeatureColumns, keys: list[bytes]) -> list[bytes]:
         """Calls of the tiles script for tiles of one horizon and ring length."""
-        head = [tiles_field(horizon_s).encode(), b"%d" % ring, b"%d" % TILE_BYTES]
+        head = [tiles_field(horizon_s).encode(), b"%d" % ring, b"%d" % TILE_BYTES,
+                sketch_field_prefix(horizon_s).encode()]
         tiles = np.ascontiguousarray(batch.tile_values(rows), dtype="<f8").tobytes()
+        sketches = batch.sketches(rows)
         commands = []
         for start in range(0, len(rows), SLOTS_PER_CALL):
             chunk = range(start, min(start + SLOTS_PER_CALL, len(rows)))
             args = [part for i in chunk for part in (b"%d" % positions[i],
-                                                     tiles[i * TILE_BYTES:(i + 1) * TILE_BYTES])]
+                                                     tiles[i * TILE_BYTES:(i + 1) * TILE_BYTES], sketches[i])]
             commands.append(self._script_call([progress_key(self.prefix).encode(), *(keys[rows[i]] for i in chunk)],
                                               [self.ttl_s], bulk_strings([*head, *args]), len(head) + len(args),
                                               TILES_NEWEST_WINS_SHA))
@@ -249,12 +256,33 @@ class RedisFeatureStore:
             tiles = np.concatenate([c.rings[r] for c in chunks]) if len(chunks) > 1 else chunks[0].rings[r]
             progress = chunks[0].progress[r]
             as_of = None if progress is None else float(np.frombuffer(progress, dtype="<f8")[0])
-            merged, end = merge_tiles(tiles.reshape(n, ring, TILE_FLOATS), horizon, as_of)
+            tiles = tiles.reshape(n, ring, TILE_FLOATS)
+            merged, end = merge_tiles(tiles, horizon, as_of)
+            if (r, DISTINCT) in plan.sources:
+                merged[DISTINCT] = self._distinct_counts(prefix.encode(), ids, horizon, tiles, as_of)
             for column, (source, feature) in enumerate(plan.sources):
                 if source == r:
                     values[:, column] = merged.get(feature, np.nan)
                     ends[:, column] = end
         return OnlineFeatures(list(names), values, ends)
+
+    def _distinct_counts(self, prefix: bytes, ids: Sequence[str], horizon_s: int, tiles: np.ndarray,
+                         as_of_ms: float | None) -> np.ndarray:
+        """Distinct counterparts over a tiled horizon from the sketches beside the rings `tiles`, in
+        one more round trip per send (`distinct_from_sketches`); NaN for an entity with no tile."""
+        ring = tiles.shape[1]
+        head = b"*%d\r\n$5\r\nHMGET\r\n" % (ring + 2)
+        tail = bulk_strings([sketch_field(horizon_s, p).encode() for p in range(ring)])
+        counts = np.full(len(ids), np.nan)
+        known = np.flatnonzero((tiles[:, :, 0] > 0).any(axis=1))
+        for start in range(0, len(known), ENTITIES_PER_SEND):
+            rows = known[start:start + ENTITIES_PER_SEND]
+            payload = b"".join([b"%s$%d\r\n%s%s\r\n%s" % (head, len(prefix) + len(e), prefix, e, tail)
+                                for e in (ids[i].encode() for i in rows.tolist())])
+            for row, sketches in zip(rows.tolist(), _concatenated_each(self._round_trip([payload], len(rows))),
+                                     strict=True):
+                counts[row] = distinct_from_sketches(tiles[row], sketches, horizon_s, as_of_ms)
+        return counts
 
     def fields_read(self, names: Sequence[str]) -> list[str]:
         """The hash fields one entity's read of `names` asks for (the progress is read once per call)."""
@@ -373,7 +401,50 @@ def merge_tiles(tiles: np.ndarray, horizon_s: int, as_of_ms: float | None) -> tu
     return dict(zip(_MERGED, merged.T, strict=True)), np.where(known, window_end, UNKNOWN_WINDOW_END).astype(np.int64)
 
 
+def distinct_from_sketches(tiles: np.ndarray, sketches: Sequence[bytes | None], horizon_s: int,
+                           as_of_ms: float | None) -> float:
+    """One entity's distinct counterparts over the horizon: its ring `tiles` [tile, window end +
+    TILE_VALUES] and the sketch at each ring position (feature_store.keys), over the tiles that
+    `merge_tiles` adds up. The union of the tiles' hashes holds every hash of the horizon up to the
+    smallest largest hash of a tile that kept only its smallest ones: while none did, the count is
+    exact; else the m hashes up to that one estimate it as (m - 1) / (the m-th smallest / 2**63), a
+    k-minimum-values estimate (relative error near 1/sqrt(m)). A tile without its sketch (written by
+    an earlier job, or replaced since the ring was read) adds nothing to the union, and the answer is
+    never below the most of any one tile, which was the whole answer before the sketches.
+
+    >>> ring = np.zeros((3, 9)); ring[:, 0] = [3000, 6000, 9000]; ring[:, 8] = [2, 2, 1]
+    >>> sk = [struct.pack("<d", e) + np.array(h, "<i8").tobytes() for e, h in ((3000, [5, 9]), (6000, [1, 9]))]
+    >>> distinct_from_sketches(ring, [*sk, None], 9, 9000.0), distinct_from_sketches(ring, [*sk, None], 6, 9000.0)
+    (3.0, 2.0)
+    """
+    ends, counts = tiles[:, 0], tiles[:, _DISTINCT]
+    as_of = ends.max() if as_of_ms is None else as_of_ms
+    inside = np.flatnonzero((ends > as_of - horizon_s * 1000) & (ends <= as_of))
+    lower = float(counts[inside].max(initial=0.0))
+    kept: list[np.ndarray] = []
+    cutoff = None
+    for position in inside.tolist():
+        sketch = sketches[position]
+        if (sketch is None or len(sketch) <= 8 or len(sketch) % 8
+                or struct.unpack_from("<d", sketch)[0] != ends[position]):
+            continue
+        hashes = np.frombuffer(sketch, dtype="<i8", offset=8)
+        kept.append(hashes)
+        if len(hashes) < counts[position]:  # the tile kept its smallest hashes only
+            cutoff = hashes[-1] if cutoff is None else min(cutoff, hashes[-1])
+    if not kept:
+        return lower
+    union = np.unique(np.concatenate(kept))
+    if cutoff is None:
+        return max(float(len(union)), lower)
+    below = union[union <= cutoff]
+    m = len(below)
+    estimate = (m - 1) / (float(below[-1]) / 2.0**63) if m > 1 and below[-1] > 0 else float(m)
+    return max(estimate, float(m), lower)
+
+
 _MERGED = (*TILE_VALUES, "ctr", "dwell_mean_ms")
+DISTINCT = "distinct_counterparts"
 _DISTINCT = 1 + TILE_VALUES.index("distinct_counterparts")  # in a tile, after its window end
 _RATIOS = {_MERGED.index("ctr"): (TILE_VALUES.index("clicks"), TILE_VALUES.index("impressions")),
            _MERGED.index("dwell_mean_ms"): (TILE_VALUES.index("dwell_sum_ms"), TILE_VALUES.index("dwell_count"))}
@@ -471,6 +542,14 @@ def _float64s(columns: list[list[bytes | None]], size: int, prefix: str) -> np.n
                          "written by another version of it, or with other flink.horizon_slides_s? Use a new "
                          "redis.key_prefix or let the old keys expire (redis.ttl_s)")
     return np.frombuffer(joined, dtype="<f8")
+
+
+def _concatenated_each(replies: list[Any]) -> list[list[bytes | None]]:
+    """Array replies as they are; an error reply raised."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise redis.ResponseError(str(reply))
+    return replies
 
 
 def _concatenated(replies: list[Any]) -> list[bytes | None]:

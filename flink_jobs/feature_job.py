@@ -13,7 +13,13 @@ from pyflink.table import StatementSet, TableEnvironment
 from core.log_range import LogRange
 from core.settings import FlinkSettings, Settings
 from flink_jobs.ddl import avro_sink_ddl, events_source_ddl, quote, schema_json, writer_schemas
-from flink_jobs.feature_sql import dead_letters_sql, decoded_view_sql, good_events_sql, window_sql
+from flink_jobs.feature_sql import (
+    SMALLEST_HASHES,
+    dead_letters_sql,
+    decoded_view_sql,
+    good_events_sql,
+    window_sql,
+)
 from flink_jobs.range_options import connector_options
 from flink_jobs.sample_sql import (
     base_rows_sql,
@@ -45,7 +51,8 @@ def feature_queries(f: FlinkSettings) -> list[str]:
     horizon's tiles per user and item. User-item pairs get the base window only: their long horizons
     would multiply the output rows."""
     windows = [(f.window_s, f.window_s), *((h, f.hop_s(h)) for h in f.horizons_s or HORIZONS_S)]
-    queries = [window_sql(entity, horizon, tile) for entity in ("user", "item") for horizon, tile in windows]
+    queries = [window_sql(entity, horizon, tile, f.distinct_sketch_size)
+               for entity in ("user", "item") for horizon, tile in windows]
     return [*queries, window_sql("user_item", f.window_s, f.window_s)]
 
 
@@ -63,6 +70,7 @@ def build_job(settings: Settings, t_env: TableEnvironment, log_range: LogRange |
     k, f = settings.kafka, settings.flink
     t_env.create_java_temporary_system_function("RTREC_DECODE_EVENT", "dev.rtrec.flink.DecodeInteractionEvent")
     t_env.create_java_temporary_system_function("RTREC_EVENT_TIME", "dev.rtrec.flink.EventTimeOf")
+    t_env.create_java_temporary_system_function(SMALLEST_HASHES, "dev.rtrec.flink.SmallestHashes")
 
     add_events_source(settings, t_env, "events", f.group_id, log_range)
 

@@ -6,6 +6,8 @@ True
 True
 >>> "DISTINCT" in window_sql("user_item", 3, 3), "COUNT(DISTINCT item_id)" in window_sql("user", 3, 3)
 (False, True)
+>>> "RTREC_SMALLEST_HASHES(user_id, 64)" in window_sql("item", 600, 30, 64), NO_HASHES in window_sql("item", 3, 3, 64)
+(True, True)
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ ENTITY_KEYS = {"user": "user_id", "item": "item_id", "user_item": pair_id_sql("u
 # a pair's only counterpart is its own item: 1, with no distinct state (a COUNT DISTINCT keeps a map
 # per key and window, and pairs are most of the job's keys)
 COUNTERPART = {"user": "item_id", "item": "user_id"}
+# the job's name of flink_jobs/java's SmallestHashes, and a record without its sketch
+SMALLEST_HASHES = "RTREC_SMALLEST_HASHES"
+NO_HASHES = "CAST(NULL AS ARRAY<BIGINT NOT NULL>)"
 # a window's record carries no recent engagements (sample_sql.recent_lists_sql writes those)
 NO_RECENT = ("CAST(NULL AS ARRAY<STRING>) AS recent_items, CAST(NULL AS ARRAY<STRING>) AS recent_types, "
              "CAST(NULL AS ARRAY<BIGINT>) AS recent_times_ms")
@@ -47,14 +52,18 @@ def tumble_table(size_s: int, source: str = "events") -> str:
     return f"TUMBLE(TABLE {source}, DESCRIPTOR(event_time), {interval(size_s)})"
 
 
-def window_sql(entity_type: str, horizon_s: int, tile_s: int) -> str:
+def window_sql(entity_type: str, horizon_s: int, tile_s: int, sketch_size: int = 0) -> str:
     """One FeatureRecord row per entity and tumbling window of `tile_s`; the `headers` column carries the
     schema id. With `tile_s` shorter than `horizon_s` the row is a tile of that horizon: the online store
-    adds a horizon's tiles up when it is read (a hopping window would emit every key once per slide)."""
+    adds a horizon's tiles up when it is read (a hopping window would emit every key once per slide), and
+    a user's or item's tile carries the `sketch_size` smallest hashes of its counterparts, which merge
+    into the horizon's distinct count."""
     key = ENTITY_KEYS[entity_type]
     impressions, clicks = _count("impression"), _count("click")
     dwell_n = "COUNT(dwell_ms)"
     counterparts = (f"COUNT(DISTINCT {COUNTERPART[entity_type]})" if entity_type in COUNTERPART else "1")
+    hashes = (f"{SMALLEST_HASHES}({COUNTERPART[entity_type]}, {int(sketch_size)})"
+              if entity_type in COUNTERPART and tile_s < horizon_s and sketch_size > 0 else NO_HASHES)
     return f"""SELECT
   CAST({key} AS BYTES) AS entity_id_key,
   {quote(entity_type)} AS entity_type,
@@ -73,6 +82,7 @@ def window_sql(entity_type: str, horizon_s: int, tile_s: int) -> str:
   CAST({counterparts} AS BIGINT) AS distinct_counterparts,
   {NO_RECENT},
   CAST({dwell_n} AS BIGINT) AS dwell_count,
+  {hashes} AS counterpart_hashes,
   {header_literal('FeatureRecord')} AS headers
 FROM TABLE({tumble_table(tile_s)})
 GROUP BY window_start, window_end, {key}"""

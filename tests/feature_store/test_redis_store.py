@@ -336,6 +336,8 @@ def test_tiles_decoded_in_bulk_write_what_their_records_write(settings: Settings
     records = [tile(f"e{rng.integers(0, 30)}", int(h), int(rng.integers(0, 400)) * TILES_S[int(h)] * 1000,
                     int(rng.integers(0, 9)), 0, entity_type=("user", "item")[k % 2])
                for k, h in enumerate(rng.choice([60, 600], 2000))]
+    for r in records[::3]:  # some tiles with their sketch, of every length up to the bulk decoder's
+        r["counterpart_hashes"] = np.sort(rng.choice(1 << 62, int(rng.integers(1, 70)), replace=False)).tolist()
     enc = serializer("FeatureRecord")
     decoded = BulkDecoder("FeatureRecord").decode([enc(r) for r in records], [enc.header_value] * len(records))
     stores = [RedisFeatureStore(settings.redis.url, f"{settings.redis.key_prefix}-{name}", 600, tiles_s=TILES_S)
@@ -347,3 +349,54 @@ def test_tiles_decoded_in_bulk_write_what_their_records_write(settings: Settings
         return {key[len(prefix):]: client.hgetall(key) for key in client.scan_iter(f"{prefix}:*")}
 
     assert state(stores[0].prefix) == state(stores[1].prefix)
+
+    assert any(field.startswith(b"600s.sketch.") for fields in state(stores[1].prefix).values() for field in fields)
+
+
+def id_hashes(ids: set[str]) -> list[int]:
+    """63-bit hashes, ascending, as the feature job's sketches hold (any uniform hash will do here)."""
+    import hashlib
+
+    return sorted(int.from_bytes(hashlib.blake2b(i.encode(), digest_size=8).digest(), "little") >> 1 for i in ids)
+
+
+def test_distinct_counterparts_merge_exactly_from_whole_sketches_and_within_error_from_cut_ones(
+        tiled: RedisFeatureStore) -> None:
+    """Tiles with random counterpart sets, some written twice: a read counts the union of the sets of
+    the tiles in the horizon, exactly while every tile kept its whole set, and within the sketch's error
+    once the tiles kept only their smallest 32 hashes. A tile without its sketch adds its own count."""
+    rng = np.random.default_rng(17)
+
+    def tiles_of(user: str, pool: int, per_tile: int, keep: int) -> tuple[list[dict], list[set[str]]]:
+        batch, sets = [], []
+        for j in range(25):  # the horizon (60 s, progress at 75 s) holds the last 20
+            ids = {f"i{v}" for v in rng.choice(pool, per_tile, replace=False).tolist()}
+            sets.append(ids)
+            batch.append({**tile(user, 60, 3000 * j, 1, 0, counterparts=len(ids)),
+                          "counterpart_hashes": id_hashes(ids)[:keep]})
+        return batch, sets
+
+    whole, whole_sets, cut, cut_sets = [], [], [], []
+    for k in range(10):
+        batch, sets = tiles_of(f"w{k}", 300, int(rng.integers(1, 30)), 64)
+        whole += batch
+        whole_sets.append(sets)
+        batch, sets = tiles_of(f"c{k}", 20_000, 400, 32)
+        cut += batch
+        cut_sets.append(sets)
+    tiled.write_batch(whole[::2] + cut)
+    tiled.write_batch(whole[1::2] + whole[::7])  # a replay changes nothing
+    users = [f"w{k}" for k in range(10)] + [f"c{k}" for k in range(10)] + ["nobody"]
+    got = tiled.get_online_features("user", users, ["60s.distinct_counterparts", "60s.impressions"])
+    assert got.values[:10, 0].tolist() == [float(len(set().union(*sets[5:]))) for sets in whole_sets]
+    assert got.values[:20, 1].tolist() == [20.0] * 20 and np.isnan(got.values[20]).all()
+    errors = got.values[10:20, 0] / np.array([len(set().union(*sets[5:])) for sets in cut_sets]) - 1
+    assert np.abs(errors).max() < 0.2 and abs(errors.mean()) < 0.06, errors
+
+    def without_sketch(j: int, counterparts: int) -> float:
+        late = {**tile("w9", 60, 3000 * j, 1, 0, counterparts=counterparts), "counterpart_hashes": None}
+        tiled.write_batch([late])  # its ring position holds the sketch of the tile 60 s before, which no longer counts
+        return float(tiled.get_online_features("user", ["w9"], ["60s.distinct_counterparts"]).values[0, 0])
+
+    assert without_sketch(25, 1) == len(set().union(*whole_sets[9][6:]))
+    assert without_sketch(26, 500) == 500.0

@@ -21,6 +21,11 @@ def job_settings(settings: Settings, **flink: Any) -> Settings:
     return settings.model_copy(update={"flink": f})
 
 
+def as_row(record: dict) -> tuple:
+    """A decoded record as a hashable row (its lists as tuples), to compare outputs as sets."""
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in record.items()))
+
+
 def event(eid: str, etype: str, user: str, item: str, offset_ms: int, dwell: int | None = None) -> dict:
     return {"event_id": eid, "user_id": user, "item_id": item, "event_type": etype, "event_time": T + offset_ms,
             "dwell_ms": dwell, "position": None, "session_id": None}

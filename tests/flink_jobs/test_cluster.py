@@ -13,7 +13,7 @@ from core.settings import Settings
 from flink_jobs.submit import job_running
 from rtrec.services.flink_cluster import FlinkCluster
 from schemas.kafka_io import ConsumedBatch
-from tests.flink_jobs.harness import create_topics, event, job_settings, produce, running_job, wait_for
+from tests.flink_jobs.harness import as_row, create_topics, event, job_settings, produce, running_job, wait_for
 from tests.infra import free_port, local_services_settings
 
 pytestmark = pytest.mark.integration
@@ -30,7 +30,7 @@ def renamed(settings: Settings, suffix: str) -> Settings:
 
 
 def rows(records: list[dict]) -> set[tuple]:
-    return {tuple(sorted(r.items())) for r in records}
+    return {as_row(r) for r in records}
 
 
 def test_cluster_submission_matches_embedded(settings: Settings, tmp_path: Path) -> None:

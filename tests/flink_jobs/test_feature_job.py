@@ -15,8 +15,20 @@ def by_key(records: list[dict]) -> dict[tuple, dict]:
     return {(r["entity_type"], r["entity_id"], r["horizon_s"], r["window_start"] - T): r for r in records}
 
 
+def java_id_hash(entity_id: str) -> int:
+    """The job's SmallestHashes.hash, written again here: FNV-1a over UTF-16 units, MurmurHash3's finaliser."""
+    mask = (1 << 64) - 1
+    h = 0xCBF29CE484222325
+    units = entity_id.encode("utf-16-le")
+    for k in range(0, len(units), 2):
+        h = ((h ^ int.from_bytes(units[k:k + 2], "little")) * 0x100000001B3) & mask
+    for multiplier in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53):
+        h = ((h ^ (h >> 33)) * multiplier) & mask
+    return (h ^ (h >> 33)) >> 1
+
+
 def test_exact_windows_out_of_order_late_and_malformed(settings: Settings) -> None:
-    s = job_settings(settings)
+    s = job_settings(settings, distinct_sketch_size=1)  # a tile of two counterparts keeps the smaller hash
     create_topics(s)
     phase1 = [
         event("e1", "impression", "u1", "i1", 100), event("e2", "impression", "u1", "i2", 500),
@@ -58,7 +70,13 @@ def test_exact_windows_out_of_order_late_and_malformed(settings: Settings) -> No
     assert all(r["window_end"] - r["window_start"] == 3000 for r in got.records if r["horizon_s"] == 6)
     tile0, tile1 = features[("user", "u1", 6, 0)], features[("user", "u1", 6, 3000)]
     assert (tile0["impressions"], tile0["clicks"], tile1["impressions"], tile1["clicks"]) == (2, 1, 1, 1)
-    assert {k: v for k, v in tile0.items() if k != "horizon_s"} == {k: v for k, v in u1.items() if k != "horizon_s"}
+    same = {"horizon_s", "counterpart_hashes"}
+    assert {k: v for k, v in tile0.items() if k not in same} == {k: v for k, v in u1.items() if k not in same}
+    # a tile's sketch: the smallest hashes of its counterparts, one kept here; none outside the tiles
+    assert tile0["counterpart_hashes"] == [min(java_id_hash("i1"), java_id_hash("i2"))]
+    assert tile1["counterpart_hashes"] == [java_id_hash("i1")]
+    assert features[("item", "i1", 6, 0)]["counterpart_hashes"] == [min(java_id_hash("u1"), java_id_hash("u2"))]
+    assert all(r["counterpart_hashes"] is None for r in got.records if r["horizon_s"] == 3)
     # the late e9 changed nothing and is in the dead-letter topic with its reason, next to the malformed one
     assert len([r for r in got.records if (r["entity_id"], r["horizon_s"], r["window_start"]) == ("u1", 3, T)]) == 1
     reasons = sorted(d["reason"] for d in dead.records)

@@ -14,7 +14,7 @@ from feature_store.loader import LoaderConfig, run_loader
 from feature_store.redis_store import RedisFeatureStore
 from flink_jobs.runner import latest_checkpoint
 from schemas.kafka_io import AvroProducer, read_topic
-from tests.flink_jobs.harness import create_topics, event, job_settings, produce, running_job, wait_for
+from tests.flink_jobs.harness import as_row, create_topics, event, job_settings, produce, running_job, wait_for
 from tests.flink_jobs.test_cluster import renamed
 
 pytestmark = pytest.mark.integration
@@ -83,7 +83,7 @@ def test_restart_from_checkpoint_is_exactly_once(settings: Settings, tmp_path: P
     keys = window_keys(got.records)
     assert len(keys) == len(set(keys)), "a window was emitted twice"
     assert sorted(keys) == sorted(window_keys(expected.records))
-    assert {tuple(sorted(r.items())) for r in got.records} == {tuple(sorted(r.items())) for r in expected.records}
+    assert {as_row(r) for r in got.records} == {as_row(r) for r in expected.records}
 
     redis_straight, redis_restarted = load_into_redis(straight), load_into_redis(interrupted)
     assert redis_straight and redis_restarted == redis_straight

@@ -14,7 +14,7 @@ EXAMPLES = {
                       "window_end": 1_700_000_003_000, "impressions": 10, "clicks": 2, "likes": 1, "carts": 0,
                       "orders": 0, "ctr": 0.2, "dwell_sum_ms": 4000, "dwell_mean_ms": 2000.0,
                       "distinct_counterparts": 7, "dwell_count": 2, "recent_items": None, "recent_types": None,
-                      "recent_times_ms": None},
+                      "recent_times_ms": None, "counterpart_hashes": [3, 1 << 62]},
     "TrainingSample": {"sample_id": "e1", "user_id": "u1", "item_id": "i1", "event_time": 1_700_000_000_000,
                        "label": 1, "features": [0.5, 1.0], "feature_set": "v1", "position": None,
                        "recent_items": ["i7", "i2"], "recent_types": ["click", "cart"], "recent_ages_ms": [900, 4100]},
