@@ -405,10 +405,11 @@ def distinct_from_sketches(tiles: np.ndarray, sketches: Sequence[bytes | None], 
                            as_of_ms: float | None) -> float:
     """One entity's distinct counterparts over the horizon: its ring `tiles` [tile, window end +
     TILE_VALUES] and the sketch at each ring position (feature_store.keys), over the tiles that
-    `merge_tiles` adds up. The union of the tiles' hashes holds every hash of the horizon up to the
-    smallest largest hash of a tile that kept only its smallest ones: while none did, the count is
-    exact; else the m hashes up to that one estimate it as (m - 1) / (the m-th smallest / 2**63), a
-    k-minimum-values estimate (relative error near 1/sqrt(m)). A tile without its sketch (written by
+    `merge_tiles` adds up. While no tile kept only its smallest hashes (it saw more ids than its sketch
+    holds), the union of the tiles' hashes is the horizon's, and the count exact. Else, below theta, the
+    smallest largest hash of such a tile, the union holds every hash of the horizon, and their number
+    divided by theta / 2**63 estimates the count: a theta sketch's estimate, unbiased, with a relative
+    error near 1/sqrt(that number), at least the sketch size. A tile without its sketch (written by
     an earlier job, or replaced since the ring was read) adds nothing to the union, and the answer is
     never below the most of any one tile, which was the whole answer before the sketches.
 
@@ -422,7 +423,7 @@ def distinct_from_sketches(tiles: np.ndarray, sketches: Sequence[bytes | None], 
     inside = np.flatnonzero((ends > as_of - horizon_s * 1000) & (ends <= as_of))
     lower = float(counts[inside].max(initial=0.0))
     kept: list[np.ndarray] = []
-    cutoff = None
+    theta = None  # the smallest largest hash of a tile that kept its smallest hashes only (it saw more ids)
     for position in inside.tolist():
         sketch = sketches[position]
         if (sketch is None or len(sketch) <= 8 or len(sketch) % 8
@@ -430,17 +431,17 @@ def distinct_from_sketches(tiles: np.ndarray, sketches: Sequence[bytes | None], 
             continue
         hashes = np.frombuffer(sketch, dtype="<i8", offset=8)
         kept.append(hashes)
-        if len(hashes) < counts[position]:  # the tile kept its smallest hashes only
-            cutoff = hashes[-1] if cutoff is None else min(cutoff, hashes[-1])
+        if len(hashes) < counts[position]:
+            theta = hashes[-1] if theta is None else min(theta, hashes[-1])
     if not kept:
         return lower
     union = np.unique(np.concatenate(kept))
-    if cutoff is None:
+    if theta is None:
         return max(float(len(union)), lower)
-    below = union[union <= cutoff]
-    m = len(below)
-    estimate = (m - 1) / (float(below[-1]) / 2.0**63) if m > 1 and below[-1] > 0 else float(m)
-    return max(estimate, float(m), lower)
+    # every tile kept all of its hashes below theta, so the union's are the horizon's
+    below = int(np.searchsorted(union, theta))
+    estimate = below / (float(theta) / 2.0**63) if theta > 0 else 0.0
+    return max(estimate, float(below + 1), lower)
 
 
 _MERGED = (*TILE_VALUES, "ctr", "dwell_mean_ms")
