@@ -7,7 +7,8 @@
 - freshness: window close (window end + watermark delay) -> readable in Redis, p50/p99, live; the
   users' recent lists apart (they come through the samples' source, held back one window by design);
 - reads: entities/s through get_online_features (batches of 100 and 1000) against redis-benchmark's
-  pipelined HMGET rate for the same command shape;
+  pipelined HMGET rate for the same command shape; then reads of distinct counterparts over the tiled
+  horizons (merged from the tiles' sketches) against reads of impressions over them;
 - stages (only with `--only stages`): events/s through ever more of the job, to show where time goes;
 - options (only with `--only options [--cases a,b] [--rounds N]`): the whole job under each of
   OPTION_CASES' Flink options (mini-batch, split distinct, RocksDB, buffer timeout, ...), interleaved.
@@ -44,7 +45,7 @@ from feature_store.redis_store import RedisFeatureStore, tile_layout
 from flink_jobs.ddl import columns, events_source_ddl
 from flink_jobs.environment import table_environment
 from flink_jobs.feature_job import build_job, decode_args, feature_queries
-from flink_jobs.feature_sql import decoded_view_sql, good_events_sql
+from flink_jobs.feature_sql import SMALLEST_HASHES, decoded_view_sql, good_events_sql
 from flink_jobs.range_options import connector_options
 from rtrec.reports import Freshness
 from rtrec.sources.produce import produce_synthetic
@@ -100,6 +101,7 @@ def _good_events_view(t_env: Any, s: Settings, log_range: LogRange) -> None:
     k, f = s.kafka, s.flink
     t_env.create_java_temporary_system_function("RTREC_DECODE_EVENT", "dev.rtrec.flink.DecodeInteractionEvent")
     t_env.create_java_temporary_system_function("RTREC_EVENT_TIME", "dev.rtrec.flink.EventTimeOf")
+    t_env.create_java_temporary_system_function(SMALLEST_HASHES, "dev.rtrec.flink.SmallestHashes")
     args = decode_args(s)
     t_env.execute_sql(events_source_ddl("events_raw", k.topics.events, k.bootstrap_servers, f.group_id + "b",
                                         f.watermark_delay_ms, "RTREC_EVENT_TIME", args,
@@ -181,6 +183,9 @@ OPTION_CASES: dict[str, dict[str, Any]] = {
     "horizons_tumbling": {"horizon_slides_s": {60: 60, 600: 600}},
     # a bound too: what the users' recent lists cost (their OVER aggregate, versions and temporal join)
     "no_history": {"history_length": 0},
+    # what the tiles' sketches of counterpart hashes cost the job (the default keeps 64 per tile)
+    "no_distinct_sketches": {"distinct_sketch_size": 0},
+    "distinct_sketches_128": {"distinct_sketch_size": 128},
 }
 
 
@@ -266,17 +271,28 @@ def feature_record(k: int, t: int) -> dict:
             "dwell_sum_ms": 100, "dwell_mean_ms": 50.0, "distinct_counterparts": 2, "dwell_count": 2}
 
 
+# the counterparts a user's or item's tile holds in the demo's stream (2,000 events/s, 500 users, 2,000
+# items): about 12 items per user in 3 s, 100 in 30 s (its sketch keeps 64), 3 and 30 users per item
+TILE_COUNTERPARTS = {("user", 60): 12, ("user", 600): 100, ("item", 60): 3, ("item", 600): 30}
+
+
 def loader_record(k: int, t: int) -> dict:
     """A mix like the job's output: users, items and pairs over the three horizons (the longer ones as
-    the default job's tiles), and one row in eight a user's recent-engagements list (horizon 0) of five
-    items."""
+    the default job's tiles, a user's or item's with its sketch of counterpart hashes), and one row in
+    eight a user's recent-engagements list (horizon 0) of five items."""
     if k % 8 == 7:
         return {**feature_record(k, t), "horizon_s": 0, "recent_items": [f"i{k - j}" for j in range(5)],
                 "recent_types": ["click"] * 5, "recent_times_ms": [t - 1000 * j for j in range(5)]}
     entity_type = ("user", "item", "user_item")[k % 3]
     horizon = (3, 3, 60, 600)[k % 4]
+    counterparts = TILE_COUNTERPARTS.get((entity_type, horizon), 0)
+    sketch = {}
+    if counterparts:
+        hashes = np.random.default_rng(k).integers(0, 1 << 63, counterparts, dtype=np.int64)
+        sketch = {"distinct_counterparts": counterparts,
+                  "counterpart_hashes": np.sort(hashes)[:Settings().flink.distinct_sketch_size].tolist()}
     return {**feature_record(k, t), "entity_type": entity_type, "entity_id": f"{entity_type[0]}{k % 50_000}",
-            "horizon_s": horizon, "window_start": t - TILES_MS.get(horizon, horizon * 1000)}
+            "horizon_s": horizon, "window_start": t - TILES_MS.get(horizon, horizon * 1000), **sketch}
 
 
 def loader_rate(settings: Settings, n_rows: int) -> None:
@@ -417,6 +433,31 @@ def reads(settings: Settings, n_entities: int = 20_000) -> None:
             emit("features", f"reads_entities_per_s_batch{batch}_callers{callers}", rate, "entities/s", done, **extra)
 
 
+def distinct_reads(settings: Settings, n_entities: int = 2_000, batch: int = 100) -> None:
+    """Reads of the users' distinct counterparts over 60 s and 600 s, merged from full rings of tiles
+    with sketches as the demo's stream fills them (TILE_COUNTERPARTS), against the same reads of
+    impressions, which need no sketch."""
+    s = isolated(settings)
+    store = RedisFeatureStore.from_settings(s.redis, s.flink)
+    now = int(time.time() * 1000) // 30_000 * 30_000
+    k = s.flink.distinct_sketch_size
+    rng = np.random.default_rng(3)
+    for user in range(n_entities):
+        tiles = []
+        for h, tile_ms in TILES_MS.items():
+            n = TILE_COUNTERPARTS[("user", h)]
+            for j in range(h * 1000 // tile_ms):
+                hashes = np.sort(rng.integers(0, 1 << 63, n, dtype=np.int64))[:k].tolist()
+                tiles.append({**feature_record(user, now - j * tile_ms), "horizon_s": h, "distinct_counterparts": n,
+                              "window_start": now - (j + 1) * tile_ms, "counterpart_hashes": hashes})
+        store.write_batch(tiles)
+    ids = [f"u{i}" for i in range(n_entities)]
+    for what in ("distinct_counterparts", "impressions"):
+        rate, done = _read_rate(store, ids, [f"60s.{what}", f"600s.{what}"], batch, 1)
+        emit("features", f"reads_{what}_60s_600s_entities_per_s_batch{batch}", rate, "entities/s", done,
+             sketch_size=k)
+
+
 def _read_rate(store: RedisFeatureStore, ids: list[str], names: list[str], batch: int, callers: int,
                seconds: float = 3.0) -> tuple[float, int]:
     counts = [0] * callers
@@ -470,6 +511,7 @@ def main() -> None:
             settings = on_session_cluster(settings, args.jobmanager)
         if "reads" in only:
             reads(settings)
+            distinct_reads(settings)
         if "loader" in only:
             loader_rate(settings, args.loader_rows)
         if "freshness" in only:
