@@ -227,6 +227,7 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
     high = np.zeros(last + 1, dtype=counts)  # bytes above 0x7F before each offset
     np.cumsum(np.frombuffer(raw, dtype=np.uint8) > 0x7F, out=high[1:], dtype=counts)
     buf = np.frombuffer(raw + bytes(_MAX_VARINT + 8), dtype=np.uint8)  # reads just past the end are safe
+    terminators = np.flatnonzero(buf[:last] < 0x80)  # the last byte of every varint is one of these
     ok = np.ones(n, dtype=bool)
     every = np.ones(n, dtype=bool)
     columns: dict[str, np.ndarray] = {}
@@ -318,7 +319,10 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
             count = np.where(ok, count, 0)
             most = int(count.max())
         kept = name in keep
-        got = np.empty((n, most if kept else 0), dtype=object if element == "string" else np.int64)
+        if element in ("int", "long"):
+            integers(name, element, count, kept)
+            return
+        got = np.empty((n, most if kept else 0), dtype=object)
         for j in range(most):
             value = string(count > j, kept) if element == "string" else number(element, count > j)
             if kept:
@@ -327,6 +331,40 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
         count = np.where(ok, count, 0)
         if kept:
             columns[name] = got[np.arange(most)[None, :] < count[:, None]]
+            lengths[name] = count
+
+    def integers(name: str, element: str, count: np.ndarray, kept: bool) -> None:
+        """The int or long items of every record's array block of `count` items, in one pass over all
+        of them (a loop per item position cost one pass over every record per position): the k-th item
+        of a record ends at the k-th byte below 0x80 from the block's start."""
+        nonlocal pos
+        rows = np.flatnonzero(count)
+        per_row = count[rows]
+        total = int(per_row.sum())
+        within = np.arange(total) - np.repeat(np.cumsum(per_row) - per_row, per_row)  # item index in its record
+        row_of = np.repeat(rows, per_row)
+        at = np.repeat(np.searchsorted(terminators, pos[rows]), per_row) + within
+        item_end = terminators[np.minimum(at, len(terminators) - 1)]  # its last byte
+        item_start = np.empty(total, dtype=np.int64)
+        item_start[1:] = item_end[:-1] + 1
+        item_start[within == 0] = pos[rows]
+        size = item_end - item_start + 1
+        bad = (at >= len(terminators)) | (size > _MAX_VARINT) | (item_end >= ends[row_of])
+        window = buf[np.minimum(item_start, last)[:, None] + _STEPS]
+        digits = (window & 0x7F).astype(np.uint64) << _SHIFTS
+        digits[_STEPS[None, :] >= size[:, None]] = 0
+        unsigned = np.bitwise_or.reduce(digits, axis=1)
+        values = ((unsigned >> np.uint64(1)) ^ (np.uint64(0) - (unsigned & np.uint64(1)))).view(np.int64)
+        if element == "int":
+            bad |= (values < -2**31) | (values >= 2**31)
+        ok[row_of[bad]] = False
+        last_item = np.cumsum(per_row) - 1
+        pos = pos.copy()
+        pos[rows] = np.where(ok[rows], item_end[last_item] + 1, ends[rows])
+        ok[varint(count > 0) != 0] = False  # not the end of the array: more blocks, one by one
+        count = np.where(ok, count, 0)
+        if kept:
+            columns[name] = values[ok[row_of]]
             lengths[name] = count
 
     def not_null() -> np.ndarray:
