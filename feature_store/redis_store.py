@@ -109,7 +109,7 @@ VALUE_BYTES = 8
 PACKED_NAN = np.float64(np.nan).tobytes()
 TILE_FLOATS = TILE_BYTES // VALUE_BYTES
 SLOTS_PER_CALL = 500
-ENTITIES_PER_SEND = 10_000  # bounds the request and reply held in memory at once
+ENTITIES_PER_SEND = 10_000  # bounds the request and reply held in memory at once (< 2**_ENTITY_BITS)
 
 
 class RedisFeatureStore:
@@ -414,7 +414,7 @@ def distinct_counts(tiles: np.ndarray, sketches: Sequence[Sequence[bytes | None]
     entity with no tile. Every entity at once, in numpy.
 
     >>> ring = np.zeros((2, 3, 9)); ring[0, :, 0] = [3000, 6000, 9000]; ring[0, :, 8] = [2, 2, 1]
-    >>> sk = [struct.pack("<d", e) + np.array(h, "<i8").tobytes() for e, h in ((3000, [5, 9]), (6000, [1, 9]))]
+    >>> sk = [struct.pack("<d", e) + (np.array(h, "<i8") << 40).tobytes() for e, h in ((3000, [5, 9]), (6000, [1, 9]))]
     >>> distinct_counts(ring, [[*sk, None], [None] * 3], 9, 9000.0).tolist()
     [3.0, nan]
     >>> distinct_counts(ring, [[*sk, None], [None] * 3], 6, 9000.0).tolist()
@@ -440,14 +440,16 @@ def distinct_counts(tiles: np.ndarray, sketches: Sequence[Sequence[bytes | None]
     # every hash of a valid sketch, then one of each per entity
     of_sketch = np.repeat(np.arange(n * ring), size)
     taken = valid[of_sketch] & (np.arange(len(of_sketch)) > start[of_sketch])
+    # one sort of the entity and the hash's top bits in one key (a sort by two keys took ten times as
+    # long); two ids sharing 63 - ENTITY_BITS bits of hash are as unlikely as sharing all of them
     h, e = words[:len(of_sketch)][taken], entity[of_sketch[taken]]
-    order = np.lexsort((h, e))
-    h, e = h[order], e[order]
-    first = np.ones(len(h), dtype=bool)
-    first[1:] = (h[1:] != h[:-1]) | (e[1:] != e[:-1])
-    h, e = h[first], e[first]
+    shift, bits = np.uint64(63 - _ENTITY_BITS), np.uint64(_ENTITY_BITS)
+    key = np.sort((e.astype(np.uint64) << shift) | (h.astype(np.uint64) >> bits))
+    key = key[np.concatenate(([True], key[1:] != key[:-1]))] if len(key) else key
+    e = (key >> shift).astype(np.int64)
+    top = key & np.uint64((1 << (63 - _ENTITY_BITS)) - 1)
     union = np.bincount(e, minlength=n).astype(np.float64)
-    below = np.bincount(e[h < theta[e]], minlength=n).astype(np.float64)
+    below = np.bincount(e[top < (theta[e].astype(np.uint64) >> bits)], minlength=n).astype(np.float64)
     estimate = np.divide(below, theta / 2.0**63, out=np.zeros(n), where=has_cut & (theta > 0))
     counted = np.where(has_cut, np.maximum(estimate, below + 1), union)
     got = np.maximum(np.where(union > 0, counted, 0.0), lower)
@@ -455,6 +457,7 @@ def distinct_counts(tiles: np.ndarray, sketches: Sequence[Sequence[bytes | None]
     return got
 
 
+_ENTITY_BITS = 14  # a send's entities (ENTITIES_PER_SEND) fit in these
 _MERGED = (*TILE_VALUES, "ctr", "dwell_mean_ms")
 DISTINCT = "distinct_counterparts"
 _DISTINCT = 1 + TILE_VALUES.index("distinct_counterparts")  # in a tile, after its window end
