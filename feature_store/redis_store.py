@@ -440,8 +440,8 @@ def distinct_counts(tiles: np.ndarray, sketches: Sequence[Sequence[bytes | None]
     # every hash of a valid sketch, then one of each per entity
     of_sketch = np.repeat(np.arange(n * ring), size)
     taken = valid[of_sketch] & (np.arange(len(of_sketch)) > start[of_sketch])
-    # one sort of the entity and the hash's top bits in one key (a sort by two keys took ten times as
-    # long); two ids sharing 63 - ENTITY_BITS bits of hash are as unlikely as sharing all of them
+    # one sort of a key holding the entity and the hash's top 49 bits (a sort by two keys took about
+    # four times as long); two of an entity's ids share those bits with odds near n**2 / 2**50
     h, e = words[:len(of_sketch)][taken], entity[of_sketch[taken]]
     shift, bits = np.uint64(63 - _ENTITY_BITS), np.uint64(_ENTITY_BITS)
     key = np.sort((e.astype(np.uint64) << shift) | (h.astype(np.uint64) >> bits))
