@@ -274,6 +274,7 @@ def feature_record(k: int, t: int) -> dict:
 # the counterparts a user's or item's tile holds in the demo's stream (2,000 events/s, 500 users, 2,000
 # items): about 12 items per user in 3 s, 100 in 30 s (its sketch keeps 64), 3 and 30 users per item
 TILE_COUNTERPARTS = {("user", 60): 12, ("user", 600): 100, ("item", 60): 3, ("item", 600): 30}
+SKETCH_SIZE = Settings().flink.distinct_sketch_size  # the default job's
 
 
 def loader_record(k: int, t: int) -> dict:
@@ -290,7 +291,7 @@ def loader_record(k: int, t: int) -> dict:
     if counterparts:
         hashes = np.random.default_rng(k).integers(0, 1 << 63, counterparts, dtype=np.int64)
         sketch = {"distinct_counterparts": counterparts,
-                  "counterpart_hashes": np.sort(hashes)[:Settings().flink.distinct_sketch_size].tolist()}
+                  "counterpart_hashes": np.sort(hashes)[:SKETCH_SIZE].tolist()}
     return {**feature_record(k, t), "entity_type": entity_type, "entity_id": f"{entity_type[0]}{k % 50_000}",
             "horizon_s": horizon, "window_start": t - TILES_MS.get(horizon, horizon * 1000), **sketch}
 

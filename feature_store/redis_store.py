@@ -279,7 +279,7 @@ class RedisFeatureStore:
             rows = known[start:start + ENTITIES_PER_SEND]
             payload = b"".join([b"%s$%d\r\n%s%s\r\n%s" % (head, len(prefix) + len(e), prefix, e, tail)
                                 for e in (ids[i].encode() for i in rows.tolist())])
-            sketches = _concatenated_each(self._round_trip([payload], len(rows)))
+            sketches = _without_errors(self._round_trip([payload], len(rows)))
             counts[rows] = distinct_counts(tiles[rows], sketches, horizon_s, as_of_ms)
         return counts
 
@@ -559,7 +559,7 @@ def _float64s(columns: list[list[bytes | None]], size: int, prefix: str) -> np.n
     return np.frombuffer(joined, dtype="<f8")
 
 
-def _concatenated_each(replies: list[Any]) -> list[list[bytes | None]]:
+def _without_errors(replies: list[Any]) -> list[list[bytes | None]]:
     """Array replies as they are; an error reply raised."""
     for reply in replies:
         if isinstance(reply, Exception):
@@ -569,9 +569,4 @@ def _concatenated_each(replies: list[Any]) -> list[list[bytes | None]]:
 
 def _concatenated(replies: list[Any]) -> list[bytes | None]:
     """Array replies, concatenated; an error reply raised."""
-    flat: list[bytes | None] = []
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise redis.ResponseError(str(reply))
-        flat += reply
-    return flat
+    return [value for reply in _without_errors(replies) for value in reply]

@@ -324,7 +324,7 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
             return
         got = np.empty((n, most if kept else 0), dtype=object)
         for j in range(most):
-            value = string(count > j, kept) if element == "string" else number(element, count > j)
+            value = string(count > j, kept)
             if kept:
                 got[:, j] = value
         ok[varint(count > 0) != 0] = False

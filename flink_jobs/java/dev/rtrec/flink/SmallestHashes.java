@@ -10,7 +10,7 @@ import org.apache.flink.table.functions.AggregateFunction;
  * ids do not add up across a horizon's tiles, but these sketches merge: the union of the tiles' sets
  * holds every hash of the horizon up to the smallest largest hash of a full set, which gives the exact
  * count while no tile saw more than k ids and an estimate with a relative error near 1/sqrt(k) beyond
- * (the online store's merge_sketches). Hashes are 63-bit, non-negative, so signed order is their order.
+ * (feature_store.redis_store.distinct_counts). Hashes are 63-bit, non-negative, so signed order is their order.
  *
  * <p>The accumulator is a RAW value: the window state keeps the object as it is, instead of converting
  * an array to and from Flink's rows at every event.
