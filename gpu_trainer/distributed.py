@@ -180,11 +180,27 @@ class Ranks:
             dist.destroy_process_group()
 
 
+def all_gather_ragged(mine: torch.Tensor, lengths: Sequence[int]) -> list[list[torch.Tensor]]:
+    """Every rank's 1-D `mine`, cut into parts of `lengths` (as many on every rank, of any size), in
+    rank order: two tensor collectives (the lengths, then the data padded to the longest) on `mine`'s
+    device, with no pickling."""
+    world = dist.get_world_size()
+    sizes = torch.tensor(list(lengths), dtype=torch.int64, device=mine.device)
+    all_sizes = [torch.empty_like(sizes) for _ in range(world)]
+    dist.all_gather(all_sizes, sizes)
+    longest = max(int(s.sum()) for s in all_sizes)
+    padded = torch.zeros(longest, dtype=mine.dtype, device=mine.device)
+    padded[:len(mine)] = mine
+    gathered = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(gathered, padded)
+    return [list(torch.split(g[:int(s.sum())], s.tolist())) for g, s in zip(gathered, all_sizes, strict=True)]
+
+
 class GradientExchange:
-    """The ranks' StepExchange (gpu_trainer.exchange) over torch.distributed: dense gradients summed by
-    one all-reduce, the embedding tables' row-sparse gradients gathered and summed row by row (a
-    coalesce, done alike on every rank), the per-sample figures gathered as objects. Every rank ends a
-    step with the same gradients, so the replicas stay identical."""
+    """The ranks' StepExchange (gpu_trainer.exchange) over torch.distributed: every rank's gradients
+    gathered and summed alike on every rank (the embedding tables' row-sparse ones row by row, a
+    coalesce), the per-sample figures gathered as objects. Every rank ends a step with the same
+    gradients, so the replicas stay identical."""
 
     distributed = True
 
@@ -194,30 +210,25 @@ class GradientExchange:
         return {name: np.concatenate([p[name] for p in parts if p is not None]) for name in mine}
 
     def reduce_grads(self, params: Mapping[str, nn.Parameter], sparse: Collection[str]) -> None:
+        """One gather of every rank's gradients (the dense ones flat, the tables' coalesced rows with
+        their indices' bits carried as float32 pairs), summed on each rank alike, in rank order. One
+        tensor gather in place of an all-reduce and a gather of pickled objects: fewer collectives,
+        each with its own latency, and no pickling (README, "Ranks" under the trainer)."""
         dense = [p for name, p in params.items() if name not in sparse]
-        for p in dense:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        if dense:
-            flat = torch.cat([p.grad.reshape(-1) for p in dense])  # type: ignore[union-attr]
-            dist.all_reduce(flat)
-            offset = 0
-            for p in dense:
-                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))  # type: ignore[union-attr]
-                offset += p.numel()
-        mine = {}
-        for name in sparse:
-            grad = params[name].grad
-            if grad is None:
-                mine[name] = (torch.zeros((1, 0), dtype=torch.int64), torch.zeros((0, params[name].shape[1])))
-            else:
-                grad = grad.coalesce()
-                mine[name] = (grad.indices(), grad.values())
-        parts: list[dict[str, tuple[torch.Tensor, torch.Tensor]] | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, mine)
-        for name in sparse:
+        names = [name for name in params if name in sparse]
+        device = next(iter(params.values())).device
+        tables = [None if (g := params[n].grad) is None else g.coalesce() for n in names]
+        rows = [torch.zeros(0, dtype=torch.int64, device=device) if g is None else g.indices()[0] for g in tables]
+        values = [torch.zeros(0, device=device) if g is None else g.values().float().reshape(-1) for g in tables]
+        flat_dense = [torch.zeros(p.numel(), device=device) if p.grad is None else p.grad.float().reshape(-1)
+                      for p in dense]
+        parts = [*flat_dense, *(r.contiguous().view(torch.float32) for r in rows), *values]
+        per_rank = all_gather_ragged(torch.cat(parts), [len(part) for part in parts])
+        for k, p in enumerate(dense):
+            p.grad = torch.stack([theirs[k] for theirs in per_rank]).sum(0).view_as(p).to(p.dtype)
+        for t, name in enumerate(names):
             p = params[name]
-            indices = torch.cat([part[name][0] for part in parts if part is not None], dim=1)
-            values = torch.cat([part[name][1].to(p.dtype) for part in parts if part is not None])
-            p.grad = torch.sparse_coo_tensor(indices.to(p.device), values.to(p.device), p.shape,
+            index = torch.cat([theirs[len(dense) + t] for theirs in per_rank]).view(torch.int64)
+            value = torch.cat([theirs[len(dense) + len(names) + t] for theirs in per_rank]).view(-1, p.shape[1])
+            p.grad = torch.sparse_coo_tensor(index.unsqueeze(0), value.to(p.dtype), p.shape,
                                              check_invariants=False).coalesce()
