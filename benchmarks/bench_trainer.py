@@ -1,14 +1,15 @@
 """Trainer figures: samples/s per model and batch size (this machine's device), and end-to-end
 freshness, event time -> first promoted snapshot containing the sample, through a real broker.
 
-Run: `.venv/bin/python -m benchmarks.bench_trainer [--seconds 15] [--rate 20000] [--only service|ranks]`. Writes
-`benchmarks/out/trainer_freshness.png`.
+Run: `.venv/bin/python -m benchmarks.bench_trainer [--seconds 15] [--rate 20000] [--only service|ranks|sharding]`.
+Writes `benchmarks/out/trainer_freshness.png`.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import multiprocessing
 import sys
 import tempfile
@@ -273,6 +274,27 @@ def freshness(settings: Settings, seconds: float, rate: float) -> None:
     print(f"wrote {OUT / 'trainer_freshness.png'}", file=sys.stderr)
 
 
+def sharding(rank_counts: list[int], rows: int = 4096, steps: int = 20) -> None:
+    """The trainer's replicated tables (ranks exchanging gradients) against row-wise sharded ones
+    (benchmarks/sharded_tables.py), one step per micro-batch of `rows` per rank, gloo ranks on this
+    machine: samples/s, bytes a rank sends per step and table bytes a rank holds."""
+    import torch.multiprocessing as mp
+
+    from benchmarks.sharded_tables import measure_rank
+
+    for world in rank_counts:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "figures.json"
+            print(f"sharding: {world} ranks, {steps} steps of {rows} samples per rank each way", file=sys.stderr,
+                  flush=True)
+            mp.spawn(measure_rank, args=(world, str(Path(tmp) / "store"), rows, steps, str(out)), nprocs=world)
+            got = json.loads(out.read_text())
+        for how in ("replicated", "sharded"):
+            emit("trainer", f"{how}_tables_samples_per_s_mf_b{rows}_ranks{world}", got[f"{how}_samples_per_s"],
+                 "samples/s", steps * rows * world, sent_bytes_per_step=round(got[f"{how}_sent_bytes_per_step"]),
+                 table_bytes_per_rank=got[f"{how}_table_bytes_per_rank"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=15.0, help="freshness run length")
@@ -280,14 +302,18 @@ def main() -> None:
     parser.add_argument("--step-seconds", type=float, default=2.0, help="time per throughput cell")
     parser.add_argument("--use-running-services", action="store_true",
                         help="use the configured Kafka/Redis instead of starting fresh ones")
-    parser.add_argument("--only", choices=["ranks", "service"], default=None,
+    parser.add_argument("--only", choices=["ranks", "service", "sharding"], default=None,
                         help="ranks: only the 1-3 ranks runs, exchanging samples and exchanging gradients; "
-                             "service: only the service's samples/s from a backlog")
+                             "service: only the service's samples/s from a backlog; sharding: only the "
+                             "replicated tables against sharded ones, 2 and 3 ranks")
     parser.add_argument("--repeats", type=int, default=3, help="service runs whose median is reported")
     args = parser.parse_args()
     if args.only == "service":
         with services(load_settings(), own=not args.use_running_services) as settings:
             service_throughput(settings, SERVICE_SAMPLES, args.repeats)
+        return
+    if args.only == "sharding":
+        sharding([2, 3])
         return
     if args.only == "ranks":
         with services(load_settings(), own=not args.use_running_services) as settings:
@@ -301,6 +327,7 @@ def main() -> None:
         ranks_throughput(settings, 200_000, [1, 2, 3])
         ranks_throughput(settings, 200_000, [2, 3], exchange="gradients")
         freshness(settings, args.seconds, args.rate)
+    sharding([2, 3])
 
 
 if __name__ == "__main__":
