@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 
 def pick_device(choice: str = "auto") -> torch.device:
+    """`trainer.device`: auto (CUDA when present), cpu, cuda or cuda:N. A bare CUDA choice under
+    torchrun is the rank's own GPU of the node's (LOCAL_RANK modulo the GPUs), made the current one,
+    so ranks on one machine do not all train on the first GPU.
+
+    >>> pick_device("cpu")
+    device(type='cpu')
+    """
     if choice == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("trainer.device is 'cuda' but no CUDA device is available")
-    return torch.device(choice)
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"trainer.device is {choice!r} but no CUDA device is available")
+    device = torch.device(choice)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
 
 
 def amp_dtype(device: torch.device, choice: str = "auto") -> torch.dtype | None:

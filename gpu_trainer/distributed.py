@@ -115,14 +115,28 @@ def combine(rounds: Sequence[Round]) -> Agreed:
                   sum(n for n, _ in polled), max(newest) if newest else None, any(r.behind for r in rounds))
 
 
+def process_group_backend(device: torch.device) -> str:
+    """gloo for CPU tensors; with a GPU, NCCL for CUDA tensors (the gradients exchanged) beside it.
+    The object collectives (each round's samples and offsets, the leader's values) stay on gloo: a
+    process group of several backends takes the CPU one for them.
+
+    >>> process_group_backend(torch.device("cpu"))
+    'gloo'
+    """
+    if device.type == "cuda" and dist.is_nccl_available():
+        return "cpu:gloo,cuda:nccl"
+    return "gloo"
+
+
 @dataclass(frozen=True)
 class Ranks:
     rank: int
     world: int
 
     @classmethod
-    def from_env(cls, timeout_s: float = 600.0) -> Ranks | None:
-        """The ranks torchrun started (its WORLD_SIZE, RANK, MASTER_ADDR/PORT); None for one process."""
+    def from_env(cls, timeout_s: float = 600.0, device: torch.device | None = None) -> Ranks | None:
+        """The ranks torchrun started (its WORLD_SIZE, RANK, MASTER_ADDR/PORT); None for one process.
+        `device`: the one the ranks train on (see `process_group_backend`)."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1:
             return None
@@ -139,7 +153,8 @@ class Ranks:
                 # One agent restarts all of its ranks at once, so they agree on its restart count.
                 attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
                 store = dist.PrefixStore(f"rtrec-trainer/attempt-{attempt}", store)
-            dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+            dist.init_process_group(process_group_backend(device or torch.device("cpu")), store=store, rank=rank,
+                                    world_size=world, timeout=timeout)
         return cls(dist.get_rank(), dist.get_world_size())
 
     @property

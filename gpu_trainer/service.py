@@ -22,6 +22,7 @@ import numpy as np
 from core.settings import Settings, TrainerSettings
 from gpu_trainer.base import ModelPointer, Positions, SampleSource, TrainerOutputs
 from gpu_trainer.batch import Batch, Columns
+from gpu_trainer.device import pick_device
 from gpu_trainer.distributed import Agreed, GradientExchange, Ranks, Round, combine
 from gpu_trainer.exchange import StepExchange
 from gpu_trainer.learner import Learner
@@ -119,7 +120,7 @@ class TrainerService:
         from gpu_trainer.model_registry import ModelRegistry
 
         registry = ModelRegistry.from_settings(settings.trainer, settings.redis)
-        ranks = Ranks.from_env()
+        ranks = Ranks.from_env(device=pick_device(settings.trainer.device))
         return cls(settings.trainer, KafkaSampleSource.from_settings(settings.kafka, settings.trainer, ranks),
                    KafkaTrainerOutputs.from_settings(settings.kafka).open(), registry, registry.store,
                    metrics_host=settings.services.metrics_host, ranks=ranks)

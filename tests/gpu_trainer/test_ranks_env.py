@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
-from gpu_trainer.distributed import Ranks, SharedStoreAcrossAgents
+from gpu_trainer.device import pick_device
+from gpu_trainer.distributed import Ranks, SharedStoreAcrossAgents, process_group_backend
 from rtrec.cli.main import cli
 
 
@@ -38,3 +40,21 @@ def test_train_run_ends_with_the_cause_and_no_traceback(monkeypatch: pytest.Monk
     result = CliRunner().invoke(cli, ["train", "run"])
     assert result.exit_code == 1, result.output
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in result.output and "Traceback" not in result.output
+
+
+def test_ranks_on_a_gpu_machine_each_take_their_own_gpu_and_nccl_for_cuda_tensors(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GPU here: torch's CUDA queries are stood in for; what is checked is the choice made from them."""
+    chosen: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "5")
+    assert pick_device("auto") == torch.device("cuda", 1) == chosen[-1]  # the 6th rank of the node: GPU 5 mod 4
+    assert pick_device("cuda:3") == torch.device("cuda", 3)  # a GPU named in the settings is taken as named
+    assert process_group_backend(torch.device("cuda", 1)) == "cpu:gloo,cuda:nccl"
+    assert process_group_backend(pick_device("cpu")) == "gloo"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        pick_device("cuda")
