@@ -503,7 +503,7 @@ class TrainerSettings(Section):
     shutdown_timeout_s: float = 60.0
     promotion_margin: float = 0.02
     metrics_port: int = 0  # 0: no Prometheus endpoint
-    device: str = "auto"  # "auto", "cpu", "cuda"
+    device: str = "auto"  # "auto", "cpu", "cuda" (under torchrun: the rank's own GPU) or "cuda:N"
     amp: str = "auto"  # "auto" (bf16 on CUDA), "bf16", "fp16", "off"
     seed: int = 0
 
