@@ -54,6 +54,22 @@ def initial_table(rows: int, dim: int, seed: int = 0) -> torch.Tensor:
     return full
 
 
+def joined_table(model: IncrementalMF) -> torch.Tensor:
+    """MF's four tables as the one row space sharded here: each user's embedding and bias, then each
+    item's."""
+    return torch.cat([torch.cat([model.user.weight, model.user_bias.weight], 1),
+                      torch.cat([model.item.weight, model.item_bias.weight], 1)]).detach()
+
+
+@torch.no_grad()
+def load_joined_table(model: IncrementalMF, table: torch.Tensor) -> None:
+    """`table`'s rows into MF's four tables (`joined_table` the other way)."""
+    users, dim = model.user.num_embeddings, model.user.embedding_dim
+    for part, rows in ((model.user, table[:users, :dim]), (model.user_bias, table[:users, dim:]),
+                       (model.item, table[users:, :dim]), (model.item_bias, table[users:, dim:])):
+        part.weight.copy_(rows)
+
+
 class ShardedMF:
     def __init__(self, user_buckets: int, item_buckets: int, n_dense: int, dim: int, lr: float, dense_lr: float,
                  seed: int = 0) -> None:
@@ -152,13 +168,7 @@ class ReplicatedMF:
     def __init__(self, user_buckets: int, item_buckets: int, n_dense: int, dim: int, lr: float,
                  dense_lr: float, seed: int = 0) -> None:
         self.model = IncrementalMF(user_buckets, item_buckets, n_dense, dim)
-        start = initial_table(user_buckets + item_buckets, dim, seed)
-        with torch.no_grad():
-            for table, part in ((self.model.user, start[:user_buckets, :dim]),
-                                (self.model.user_bias, start[:user_buckets, dim:]),
-                                (self.model.item, start[user_buckets:, :dim]),
-                                (self.model.item_bias, start[user_buckets:, dim:])):
-                table.weight.copy_(part)
+        load_joined_table(self.model, initial_table(user_buckets + item_buckets, dim, seed))
         self.tables = sparse_tables(self.model)
         self.params = dict(self.model.named_parameters())
         self.optimizers = [RowSparseAdam([self.params[n] for n in self.tables], lr=lr),
@@ -183,8 +193,8 @@ class ReplicatedMF:
 
 def measure_rank(rank: int, world: int, store: str, rows: int, steps: int, out: str) -> None:
     """Spawned per rank: steps per second of the trainer's replicated tables (`ReplicatedMF`) and of the
-    sharded ones on the same micro-batches, in alternating blocks; rank 0
-    writes the figures to `out` as JSON."""
+    sharded ones on the same micro-batches, in alternating blocks; rank 0 writes the figures to `out`
+    as JSON."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     cfg = TrainerSettings(model="mf")

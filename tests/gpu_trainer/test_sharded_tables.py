@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from benchmarks.sharded_tables import ReplicatedMF, ShardedMF, initial_table
+from benchmarks.sharded_tables import ReplicatedMF, ShardedMF, initial_table, joined_table, load_joined_table
 from gpu_trainer.models.mf import IncrementalMF
 from gpu_trainer.updates.row_adam import RowSparseAdam
 
@@ -46,9 +46,7 @@ def rank_main(rank: int, world: int, out: str, store: str) -> None:
         losses.append(model.step(*(t[lo:hi] for t in batch), total=ROWS))
         replicated.step(*(t[lo:hi] for t in batch), total=ROWS)
     table = model.full_table()
-    m = replicated.model
-    replicated_table = torch.cat([torch.cat([m.user.weight, m.user_bias.weight], 1),
-                                  torch.cat([m.item.weight, m.item_bias.weight], 1)]).detach().numpy()
+    replicated_table = joined_table(replicated.model).numpy()
     dense = torch.cat([p.detach().reshape(-1) for p in model.dense.parameters()]).numpy()
     np.savez(os.path.join(out, f"w{world}r{rank}.npz"), table=table, dense=dense, losses=np.array(losses),
              replicated=replicated_table,
@@ -87,12 +85,7 @@ def test_one_rank_of_sharded_tables_is_the_trainers_mf(alone: dict[str, np.ndarr
     """The joined table trains as IncrementalMF's four tables do under the trainer's optimisers."""
     sharded = alone
     model = IncrementalMF(USERS, ITEMS, DENSE, DIM)
-    start = initial_table(USERS + ITEMS, DIM)
-    with torch.no_grad():
-        model.user.weight.copy_(start[:USERS, :DIM])
-        model.user_bias.weight.copy_(start[:USERS, DIM:])
-        model.item.weight.copy_(start[USERS:, :DIM])
-        model.item_bias.weight.copy_(start[USERS:, DIM:])
+    load_joined_table(model, initial_table(USERS + ITEMS, DIM))
     tables = [model.user.weight, model.user_bias.weight, model.item.weight, model.item_bias.weight]
     optimizers = [RowSparseAdam(tables, lr=0.05), torch.optim.Adam(model.dense.parameters(), lr=0.05)]
     for users, items, dense, label in batches():
@@ -102,8 +95,6 @@ def test_one_rank_of_sharded_tables_is_the_trainers_mf(alone: dict[str, np.ndarr
          / ROWS).backward()
         for opt in optimizers:
             opt.step()
-    joined = torch.cat([torch.cat([model.user.weight, model.user_bias.weight], 1),
-                        torch.cat([model.item.weight, model.item_bias.weight], 1)]).detach().numpy()
-    np.testing.assert_allclose(sharded["table"], joined, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(sharded["table"], joined_table(model).numpy(), rtol=1e-4, atol=1e-6)
     dense_weights = torch.cat([p.detach().reshape(-1) for p in model.dense.parameters()]).numpy()
     np.testing.assert_allclose(sharded["dense"], dense_weights, rtol=1e-4, atol=1e-6)
