@@ -27,7 +27,7 @@ import functools
 import hashlib
 import json
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -238,32 +238,31 @@ class RedisFeatureStore:
 
     def get_online_features(self, entity_type: str, ids: Sequence[str], names: Sequence[str]) -> OnlineFeatures:
         plan = _read_plan(tuple(names), tuple(sorted(self.tiles_s.items())))
-        prefix = entity_key_prefix(self.prefix, entity_type)
-        chunks = [self._read_chunk(prefix.encode(), ids[start:start + ENTITIES_PER_SEND], plan, not start)
+        prefix = entity_key_prefix(self.prefix, entity_type).encode()
+        chunks = [self._read_chunk(prefix, ids[start:start + ENTITIES_PER_SEND], plan, not start)
                   for start in range(0, len(ids), ENTITIES_PER_SEND)]
         n = len(ids)
         if not chunks:  # no ids: nothing read, nothing needed
-            chunks = [_Chunk(np.empty((0, plan.plain_width)), [np.empty((0, r * TILE_FLOATS)) for _, r in plan.tiled],
+            chunks = [_Chunk(np.empty((0, plan.plain_width)), np.empty((0, plan.ring_floats[-1])),
                              [None] * len(plan.tiled))]
-        plain = np.concatenate([c.plain for c in chunks]) if len(chunks) > 1 else chunks[0].plain
         values, ends = np.empty((n, len(names))), np.empty((n, len(names)), dtype=np.int64)
-        for column, (source, at) in enumerate(plan.sources):
-            if source < 0:
-                values[:, column] = plain[:, at]
-                end = plain[:, plan.end_columns[column]]
-                ends[:, column] = np.where(np.isnan(end), UNKNOWN_WINDOW_END, end)
-        for r, (horizon, ring) in enumerate(plan.tiled):
-            tiles = np.concatenate([c.rings[r] for c in chunks]) if len(chunks) > 1 else chunks[0].rings[r]
-            progress = chunks[0].progress[r]
-            as_of = None if progress is None else float(np.frombuffer(progress, dtype="<f8")[0])
-            tiles = tiles.reshape(n, ring, TILE_FLOATS)
-            merged, end = merge_tiles(tiles, horizon, as_of)
-            if (r, DISTINCT) in plan.sources:
-                merged[DISTINCT] = self._distinct_counts(prefix.encode(), ids, horizon, tiles, as_of)
-            for column, (source, feature) in enumerate(plan.sources):
-                if source == r:
-                    values[:, column] = merged.get(feature, np.nan)
-                    ends[:, column] = end
+        if len(plan.plain_out):
+            plain = np.concatenate([c.plain for c in chunks]) if len(chunks) > 1 else chunks[0].plain
+            values[:, plan.plain_out] = plain[:, plan.plain_in]
+            end = plain[:, plan.plain_end_in]
+            ends[:, plan.plain_out] = np.where(np.isnan(end), UNKNOWN_WINDOW_END, end)
+        if plan.tiled:
+            rings = np.concatenate([c.rings for c in chunks]) if len(chunks) > 1 else chunks[0].rings
+            as_of = [None if p is None else float(np.frombuffer(p, dtype="<f8")[0]) for p in chunks[0].progress]
+            merged, end = _merged_rings(rings, plan, as_of)
+            for r in plan.distinct_rings:
+                horizon, ring = plan.tiled[r]
+                tiles = rings[:, plan.ring_floats[r]:plan.ring_floats[r + 1]].reshape(n, ring, TILE_FLOATS)
+                merged[:, r, _MERGED.index(DISTINCT)] = self._distinct_counts(prefix, ids, horizon, tiles, as_of[r])
+            values[:, plan.tiled_out] = merged.reshape(n, len(plan.tiled) * len(_MERGED))[:, plan.tiled_in]
+            values[:, plan.unknown_out] = np.nan
+            ends[:, plan.tiled_out] = end[:, plan.tiled_ring]
+            ends[:, plan.unknown_out] = end[:, plan.unknown_ring]
         return OnlineFeatures(list(names), values, ends)
 
     def _distinct_counts(self, prefix: bytes, ids: Sequence[str], horizon_s: int, tiles: np.ndarray,
@@ -290,14 +289,15 @@ class RedisFeatureStore:
     def _read_chunk(self, prefix: bytes, ids: Sequence[str], plan: _ReadPlan, first: bool) -> _Chunk:
         """`HMGET prefix+id *fields` for every id in one round trip, on the `first` chunk after the
         progress of the tiled horizons: the plain values [entity, column] (NaN where missing), the rings
-        [entity, tile floats] (zeros where missing) and the progress replies. The progress is read first:
-        a tile written after it ends after it, and a merge as of the progress leaves it out."""
+        one after another [entity, ring floats] (zeros where missing) and the progress replies. The
+        progress is read first: a tile written after it ends after it, and a merge as of the progress
+        leaves it out."""
         with_progress = first and bool(plan.tiled)
         marker, end = resp.end_marker()
-        # one %-format per key: concatenating the parts copied the long field list several times
-        payload = b"".join([self._progress_command(plan) if with_progress else b"",
-                            *[b"%s$%d\r\n%s%s\r\n%s" % (plan.head, len(prefix) + len(e), prefix, e, plan.tail)
-                              for e in map(str.encode, ids)], marker])
+        # the bytes in front of a key depend on its length alone: one lookup and a join per key
+        before, after = _before_key(plan.head, prefix), b"\r\n" + plan.tail
+        keys = [k for e in map(str.encode, ids) for k in (before(len(e)), e, after)]
+        payload = b"".join([self._progress_command(plan) if with_progress else b"", *keys, marker])
         n, n_replies = len(ids), len(ids) + with_progress + 1
         got = self._round_trip_raw(payload, end, n_replies, n * plan.layout.width)
         # the progress reply in front, and the bytes it takes (none without it)
@@ -306,7 +306,10 @@ class RedisFeatureStore:
         if rows is not None:
             replies = [head[0]] * with_progress + resp.parse(got[head[1] + rows.size:], 1)
             plain = np.ascontiguousarray(rows[:, plan.plain_bytes]).view("<f8")
-            rings = [np.ascontiguousarray(rows[:, at:at + size]).view("<f8") for at, size in plan.ring_bytes]
+            rings = np.empty((n, plan.ring_floats[-1] * VALUE_BYTES), dtype=np.uint8)
+            for (at, size), into in zip(plan.ring_bytes, plan.ring_floats, strict=False):
+                rings[:, into * VALUE_BYTES:into * VALUE_BYTES + size] = rows[:, at:at + size]
+            rings = rings.view("<f8")
         else:
             replies = got if isinstance(got, list) else resp.parse(got, n_replies)
             plain, rings = _parsed_columns(replies[with_progress:with_progress + n], plan, prefix.decode())
@@ -351,7 +354,7 @@ class RedisFeatureStore:
 @dataclass(frozen=True)
 class _Chunk:
     plain: np.ndarray
-    rings: list[np.ndarray]
+    rings: np.ndarray  # [entity, floats of every ring]: ring r at _ReadPlan.ring_floats[r]
     progress: list[bytes | None]
 
 
@@ -367,37 +370,42 @@ def _slot_template(horizon_s: int) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(template, dtype=np.uint8), np.array(value_at)[:, None]
 
 
-def merge_tiles(tiles: np.ndarray, horizon_s: int, as_of_ms: float | None) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Each entity's horizon from its ring `tiles` [entity, tile, window end + TILE_VALUES]: the tiles
-    ending in (as_of - horizon, as_of] added up, ratios from the sums, distinct counterparts the most of
-    any tile. Without `as_of_ms` (no progress written), each entity's newest tile end. Returns the
-    values by feature name, NaN for an entity with no tile at all, and the window end (as_of) per
-    entity, UNKNOWN_WINDOW_END for those.
+def merge_rings(tiles: np.ndarray, horizons_s: Sequence[int], as_of_ms: Sequence[float | None],
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Each entity's horizons from its rings `tiles` [entity, ring, tile, window end + TILE_VALUES] of
+    the horizons `horizons_s`: per ring, the tiles ending in (as_of - horizon, as_of] added up, ratios
+    from the sums, distinct counterparts the most of any tile. An `as_of_ms` of None (no progress
+    written) takes each entity's newest tile end in that ring. Returns the values [entity, ring,
+    _MERGED], NaN for an entity with no tile in a ring, and the window end (as_of) [entity, ring],
+    UNKNOWN_WINDOW_END for those. All rings in one pass: each numpy call costs microseconds at a
+    hundred entities.
 
-    >>> ring = np.zeros((2, 3, 9)); ring[0, :, 0] = [3000, 6000, 9000]; ring[0, :, 1] = [1, 2, 4]
-    >>> ring[0, :, 2] = [1, 0, 1]; ring[0, :, 8] = [3, 1, 2]
-    >>> merged, ends = merge_tiles(ring, 6, 9000.0)
-    >>> merged["impressions"].tolist(), round(float(merged["ctr"][0]), 3), merged["distinct_counterparts"].tolist()
-    ([6.0, nan], 0.167, [2.0, nan])
-    >>> ends.tolist()
-    [9000, -1]
+    >>> ring = np.zeros((2, 1, 3, 9)); ring[0, 0, :, 0] = [3000, 6000, 9000]; ring[0, 0, :, 1] = [1, 2, 4]
+    >>> ring[0, 0, :, 2] = [1, 0, 1]; ring[0, 0, :, 8] = [3, 1, 2]
+    >>> merged, ends = merge_rings(np.concatenate([ring, ring], axis=1), [6, 9], [9000.0, None])
+    >>> merged[..., _MERGED.index("impressions")].tolist(), ends.tolist()
+    ([[6.0, 7.0], [nan, nan]], [[9000, 9000], [-1, -1]])
+    >>> round(float(merged[0, 0, _MERGED.index("ctr")]), 3), merged[:, 0, _MERGED.index(DISTINCT)].tolist()
+    (0.167, [2.0, nan])
     """
-    ends = np.ascontiguousarray(tiles[:, :, 0])
-    as_of = ends.max(axis=1, keepdims=True) if as_of_ms is None else np.float64(as_of_ms)
-    weights = ((ends > as_of - horizon_s * 1000) & (ends <= as_of)).astype(np.float64)
-    # one array for every feature, masked once: each numpy call costs microseconds at a hundred entities
-    merged = np.empty((len(tiles), len(_MERGED)))
-    # a weighted sum over the tiles: no masked copy of the whole ring (it was most of a read's numpy time)
-    np.matmul(weights[:, None, :], tiles[:, :, 1:], out=merged[:, None, :len(TILE_VALUES)])
-    merged[:, _DISTINCT - 1] = (tiles[:, :, _DISTINCT] * weights).max(axis=1)  # counts are >= 0
+    ends = np.ascontiguousarray(tiles[..., 0])  # compared three times: strided, each took longer than the copy
+    as_of = np.array([np.nan if a is None else a for a in as_of_ms])
+    if np.isnan(as_of).any():
+        as_of = np.where(np.isnan(as_of), ends.max(axis=2), as_of)  # [entity, ring]
+    as_of = np.broadcast_to(as_of, ends.shape[:2])[..., None]
+    since = as_of - np.asarray(horizons_s, dtype=np.float64)[:, None] * 1000
+    weights = ((ends > since) & (ends <= as_of)).astype(np.float64)
+    merged = np.empty((*tiles.shape[:2], len(_MERGED)))
+    # a weighted sum over the tiles: no masked copy of the rings (it was most of a read's numpy time)
+    np.matmul(weights[..., None, :], tiles[..., 1:], out=merged[..., None, :len(TILE_VALUES)])
+    merged[..., _DISTINCT - 1] = (tiles[..., _DISTINCT] * weights).max(axis=2)  # counts are >= 0
     for ratio, (numerator, denominator) in _RATIOS.items():
-        merged[:, ratio] = 0.0
-        np.divide(merged[:, numerator], merged[:, denominator], out=merged[:, ratio],
-                  where=merged[:, denominator] > 0)
-    known = (ends > 0).any(axis=1)
+        merged[..., ratio] = 0.0
+        np.divide(merged[..., numerator], merged[..., denominator], out=merged[..., ratio],
+                  where=merged[..., denominator] > 0)
+    known = (ends > 0).any(axis=2)
     merged[~known] = np.nan
-    window_end = as_of.reshape(-1) if as_of_ms is None else as_of
-    return dict(zip(_MERGED, merged.T, strict=True)), np.where(known, window_end, UNKNOWN_WINDOW_END).astype(np.int64)
+    return merged, np.where(known, as_of[..., 0], UNKNOWN_WINDOW_END).astype(np.int64)
 
 
 def distinct_counts(tiles: np.ndarray, sketches: Sequence[Sequence[bytes | None]], horizon_s: int,
@@ -488,9 +496,21 @@ class _ReadPlan:
 
     width: int  # fields per entity: the plain names, one window end per plain horizon, one ring per tiled one
     plain_width: int  # the fields before the rings
-    sources: list[tuple[int, Any]]  # per name: (-1, its plain column) or (its ring's index, its feature)
-    end_columns: list[int]  # per name, the plain column of its horizon's window end (-1 for a tiled one)
     tiled: list[tuple[int, int]]  # (horizon, tiles per ring) per ring read
+    # where each name's value comes from, as numpy indices: the names of plain fields (plain_out) from
+    # plain columns (plain_in) with their horizon's window end (plain_end_in); those of rings (tiled_out)
+    # from the merged rings [entity, ring * len(_MERGED)] (tiled_in) of ring tiled_ring; a name no tile
+    # keeps (unknown_out) reads NaN with its ring's window end
+    plain_out: np.ndarray
+    plain_in: np.ndarray
+    plain_end_in: np.ndarray
+    tiled_out: np.ndarray
+    tiled_in: np.ndarray
+    tiled_ring: np.ndarray
+    unknown_out: np.ndarray
+    unknown_ring: np.ndarray
+    distinct_rings: list[int]  # the rings whose distinct counterparts are read (their sketches too)
+    ring_floats: list[int]  # where each ring starts in _Chunk.rings, and their end
     fields: list[str]
     head: bytes  # RESP before the key
     tail: bytes  # RESP after the key: the fields
@@ -515,32 +535,53 @@ def _read_plan(names: tuple[str, ...], tiles_s: tuple[tuple[int, int], ...]) -> 
     fields = [*plain, *(window_end_field(h) for h in plain_horizons)]
     plain_width = len(fields)
     fields += [tiles_field(h) for h in tiled]
-    sources: list[tuple[int, Any]] = []
-    end_columns = []
-    for name, (horizon, feature) in zip(names, parsed, strict=True):
-        if horizon in tile_of:
-            sources.append((tiled.index(horizon), feature))
-            end_columns.append(-1)
+    plain_cols, tiled_cols, unknown_cols = [], [], []
+    for column, (name, (horizon, feature)) in enumerate(zip(names, parsed, strict=True)):
+        if horizon not in tile_of:
+            plain_cols.append((column, plain.index(name), len(plain) + plain_horizons.index(horizon)))
+        elif feature in _MERGED:
+            r = tiled.index(horizon)
+            tiled_cols.append((column, r * len(_MERGED) + _MERGED.index(feature), r))
         else:
-            sources.append((-1, plain.index(name)))
-            end_columns.append(len(plain) + plain_horizons.index(horizon))
+            unknown_cols.append((column, tiled.index(horizon)))
     tail = b"".join(b"$%d\r\n%s\r\n" % (len(f), f) for f in (f.encode() for f in fields))
     rings = [(h, h // tile_of[h]) for h in tiled]
     layout = RowLayout.of([VALUE_BYTES] * plain_width + [ring * TILE_BYTES for _, ring in rings])
     plain_bytes = (np.array(layout.value_at[:plain_width], dtype=np.intp)[:, None]
                    + np.arange(VALUE_BYTES)).reshape(-1)
     ring_bytes = [(at, ring * TILE_BYTES) for at, (_, ring) in zip(layout.value_at[plain_width:], rings, strict=True)]
-    return _ReadPlan(len(fields), plain_width, sources, end_columns, rings, fields,
+    columns = [np.array(c, dtype=np.intp).reshape(-1, k) for c, k in ((plain_cols, 3), (tiled_cols, 3),
+                                                                     (unknown_cols, 2))]
+    distinct = sorted({tiled.index(h) for h, feature in parsed if h in tile_of and feature == DISTINCT})
+    return _ReadPlan(len(fields), plain_width, rings, *columns[0].T, *columns[1].T, *columns[2].T, distinct,
+                     [0, *np.cumsum([ring * TILE_FLOATS for _, ring in rings]).tolist()], fields,
                      b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2), tail, layout, plain_bytes, ring_bytes)
 
 
-def _parsed_columns(replies: list[Any], plan: _ReadPlan, prefix: str) -> tuple[np.ndarray, list[np.ndarray]]:
+def _merged_rings(rings: np.ndarray, plan: _ReadPlan, as_of_ms: list[float | None]) -> tuple[np.ndarray, np.ndarray]:
+    """`merge_rings` of a read's rings [entity, floats of every ring]: in one pass when the rings are
+    alike (the default horizons: 20 tiles each), else ring by ring."""
+    n, horizons, lengths = len(rings), [h for h, _ in plan.tiled], {ring for _, ring in plan.tiled}
+    if len(lengths) == 1:
+        return merge_rings(rings.reshape(n, len(horizons), lengths.pop(), TILE_FLOATS), horizons, as_of_ms)
+    parts = [merge_rings(rings[:, plan.ring_floats[r]:plan.ring_floats[r + 1]].reshape(n, 1, ring, TILE_FLOATS),
+                         [horizon], [as_of_ms[r]]) for r, (horizon, ring) in enumerate(plan.tiled)]
+    return np.concatenate([m for m, _ in parts], axis=1), np.concatenate([e for _, e in parts], axis=1)
+
+
+@functools.lru_cache(maxsize=64)
+def _before_key(head: bytes, prefix: bytes) -> Callable[[int], bytes]:
+    """The RESP of an HMGET up to the key's id, for an id of a given length (cached per length)."""
+    return functools.cache(lambda length: b"%s$%d\r\n%s" % (head, len(prefix) + length, prefix))
+
+
+def _parsed_columns(replies: list[Any], plan: _ReadPlan, prefix: str) -> tuple[np.ndarray, np.ndarray]:
     """The entities' replies, parsed one by one, as `_read_chunk`'s plain values and rings."""
     flat, n = _concatenated(replies), len(replies)
     plain = _float64s([flat[c::plan.width] for c in range(plan.plain_width)], VALUE_BYTES, prefix)
     rings = [_float64s([flat[plan.plain_width + r::plan.width]], ring * TILE_BYTES, prefix).reshape(n, -1)
              for r, (_, ring) in enumerate(plan.tiled)]
-    return plain.reshape(plan.plain_width, n).T, rings
+    return plain.reshape(plan.plain_width, n).T, np.concatenate([np.empty((n, 0)), *rings], axis=1)
 
 
 def _float64s(columns: list[list[bytes | None]], size: int, prefix: str) -> np.ndarray:

@@ -83,8 +83,7 @@ def fixed_rows(raw: bytes | bytearray, n: int, layout: RowLayout, offset: int = 
     if len(raw) < offset + n * layout.width:
         return None
     rows = np.frombuffer(raw, dtype=np.uint8, count=n * layout.width, offset=offset).reshape(n, layout.width)
-    if not np.array_equal(rows[:, layout.fixed], np.broadcast_to(layout.template[layout.fixed],
-                                                                  (n, len(layout.fixed)))):
+    if not (rows[:, layout.fixed] == layout.template[layout.fixed]).all():
         return None
     return rows
 
