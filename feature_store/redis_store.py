@@ -412,7 +412,7 @@ def distinct_counts(tiles: np.ndarray, sketches: Sequence[Sequence[bytes | None]
                     as_of_ms: float | None) -> np.ndarray:
     """Each entity's distinct counterparts over the horizon: its ring `tiles` [entity, tile, window end +
     TILE_VALUES] and the sketch at each ring position (feature_store.keys), over the tiles that
-    `merge_tiles` adds up. While no tile kept only its smallest hashes (it saw more ids than its sketch
+    `merge_rings` adds up. While no tile kept only its smallest hashes (it saw more ids than its sketch
     holds), the union of the tiles' hashes is the horizon's, and the count exact. Else, below theta, the
     smallest largest hash of such a tile, the union holds every hash of the horizon, and their number
     divided by theta / 2**63 estimates the count: a theta sketch's estimate, unbiased, with a relative
@@ -433,10 +433,11 @@ def distinct_counts(tiles: np.ndarray, sketches: Sequence[Sequence[bytes | None]
     as_of = ends.max(axis=1, keepdims=True) if as_of_ms is None else np.float64(as_of_ms)
     inside = ((ends > as_of - horizon_s * 1000) & (ends <= as_of)).reshape(-1)
     lower = np.where(inside.reshape(n, ring), counts, 0.0).max(axis=1, initial=0.0)
-    # one buffer of 8-byte words: per sketch its window end, then its hashes
+    # one buffer of 8-byte words: per sketch its window end, then its hashes (8 zero bytes after them)
     pieces = [b"" if v is None or len(v) <= 8 or len(v) % 8 else v for row in sketches for v in row]
     size = np.fromiter(map(len, pieces), dtype=np.int64, count=n * ring) // 8
-    words = np.frombuffer(b"".join(pieces) + bytes(8), dtype="<i8")
+    pieces.append(bytes(8))
+    words = np.frombuffer(b"".join(pieces), dtype="<i8")
     start = np.cumsum(size) - size
     valid = (size > 0) & inside & (words.view("<f8")[start] == ends.reshape(-1))
     hashes = np.where(valid, size - 1, 0)
@@ -445,19 +446,26 @@ def distinct_counts(tiles: np.ndarray, sketches: Sequence[Sequence[bytes | None]
     theta = np.full(n, np.iinfo(np.int64).max)
     np.minimum.at(theta, entity[cut], words[(start + size - 1)[cut]])
     has_cut = np.bincount(entity[cut], minlength=n) > 0
-    # every hash of a valid sketch, then one of each per entity
-    of_sketch = np.repeat(np.arange(n * ring), size)
-    taken = valid[of_sketch] & (np.arange(len(of_sketch)) > start[of_sketch])
-    # one sort of a key holding the entity and the hash's top 49 bits (a sort by two keys took about
-    # four times as long); two of an entity's ids share those bits with odds near n**2 / 2**50
-    h, e = words[:len(of_sketch)][taken], entity[of_sketch[taken]]
-    shift, bits = np.uint64(63 - _ENTITY_BITS), np.uint64(_ENTITY_BITS)
-    key = np.sort((e.astype(np.uint64) << shift) | (h.astype(np.uint64) >> bits))
-    key = key[np.concatenate(([True], key[1:] != key[:-1]))] if len(key) else key
-    e = (key >> shift).astype(np.int64)
-    top = key & np.uint64((1 << (63 - _ENTITY_BITS)) - 1)
-    union = np.bincount(e, minlength=n).astype(np.float64)
-    below = np.bincount(e[top < (theta[e].astype(np.uint64) >> bits)], minlength=n).astype(np.float64)
+    # every hash of a valid sketch (a sketch's words are contiguous, an entity's sketches too), keyed
+    # by its entity and its top 49 bits: one sort of that key (a sort by two keys took about four times
+    # as long); two of an entity's ids share those bits with odds near n**2 / 2**50
+    taken = np.repeat(valid, size)
+    taken[start[size > 0]] = False  # the window ends
+    shift, bits = 63 - _ENTITY_BITS, _ENTITY_BITS
+    entity_bits = np.repeat(np.arange(n, dtype=np.int64) << shift, size.reshape(n, ring).sum(axis=1))
+    key = np.right_shift(words[:-1], bits)
+    key = np.bitwise_or(key, entity_bits, out=key)[taken]  # in place: one temporary megabyte fewer
+    key.sort()
+    if len(key):
+        first = np.empty(len(key), dtype=bool)
+        first[0] = True
+        np.not_equal(key[1:], key[:-1], out=first[1:])
+        key = key[first]
+    # an entity's hashes are a run of the sorted keys: counted by where the runs and theta fall
+    entity_from = np.searchsorted(key, np.arange(n + 1, dtype=np.int64) << shift)
+    union = np.diff(entity_from).astype(np.float64)
+    below = (np.searchsorted(key, np.arange(n, dtype=np.int64) << shift | theta >> bits)
+             - entity_from[:-1]).astype(np.float64)
     estimate = np.divide(below, theta / 2.0**63, out=np.zeros(n), where=has_cut & (theta > 0))
     counted = np.where(has_cut, np.maximum(estimate, below + 1), union)
     got = np.maximum(np.where(union > 0, counted, 0.0), lower)
