@@ -6,9 +6,10 @@
 - loader: windowed rows/s from the features topic into Redis;
 - freshness: window close (window end + watermark delay) -> readable in Redis, p50/p99, live; the
   users' recent lists apart (they come through the samples' source, held back one window by design);
-- reads: entities/s through get_online_features (batches of 100 and 1000) against redis-benchmark's
-  pipelined HMGET rate for the same command shape; then reads of distinct counterparts over the tiled
-  horizons (merged from the tiles' sketches) against reads of impressions over them;
+- reads: entities/s through get_online_features (batches of 100 and 1000 users drawn at random)
+  against redis-benchmark's pipelined HMGET rate for the same command shape, of random users and of
+  one user; then reads of distinct counterparts over the tiled horizons (merged from the tiles'
+  sketches) against reads of impressions over them;
 - stages (only with `--only stages`): events/s through ever more of the job, to show where time goes;
 - options (only with `--only options [--cases a,b] [--rounds N]`): the whole job under each of
   OPTION_CASES' Flink options (mini-batch, split distinct, RocksDB, buffer timeout, ...), interleaved.
@@ -40,6 +41,7 @@ from benchmarks.common import emit
 from core.kafka import consumer_config, ensure_topics, producer_config
 from core.log_range import Earliest, Latest, LogRange
 from core.settings import Settings, load_settings
+from feature_store.keys import entity_key_prefix
 from feature_store.loader import LoaderConfig, LoaderStats, run_loader
 from feature_store.redis_store import RedisFeatureStore, tile_layout
 from flink_jobs.ddl import columns, events_source_ddl
@@ -410,27 +412,34 @@ def freshness(settings: Settings, seconds: float, rate: float, checkpoint_ms: in
 
 
 def reads(settings: Settings, n_entities: int = 20_000) -> None:
-    """One caller, then four concurrent callers (threads sharing the store), each against
-    redis-benchmark with its default 50 connections and with one, pipelining as deep as the batch."""
+    """One caller, then four concurrent callers (threads sharing the store), each reading batches of
+    users drawn at random, against redis-benchmark with its default 50 connections and with one,
+    pipelining as deep as the batch: the same HMGET of random users among the same ones (`-r`, ratio_*),
+    and of one user over and over (same_key_*, as hot in Redis's caches as a read can be)."""
     s = isolated(settings)
     store = RedisFeatureStore.from_settings(s.redis, s.flink)
     now = int(time.time() * 1000)
+    # ids as redis-benchmark -r writes its random numbers (12 digits), so that it reads these users
+    ids = [f"u{i:012d}" for i in range(n_entities)]
     # one tile per horizon: a ring is stored and read whole, however many of its tiles were written
-    records = [{**feature_record(i, now), "horizon_s": h, "window_start": now - TILES_MS[h]}
+    records = [{**feature_record(i, now), "entity_id": ids[i], "horizon_s": h, "window_start": now - TILES_MS[h]}
                for i in range(n_entities) for h in (60, 600)]
     for start in range(0, len(records), 20_000):
         store.write_batch(records[start:start + 20_000])
     names = names_for("user")
-    ids = [f"u{i}" for i in range(n_entities)]
+    shuffled = [ids[i] for i in np.random.default_rng(5).permutation(n_entities)]
     port = s.redis.url.rsplit(":", 1)[1].split("/")[0]
+    prefix, fields = entity_key_prefix(s.redis.key_prefix, "user"), store.fields_read(names)
     for batch in (100, 1000):
-        reference = {clients: _redis_benchmark(port, f"{s.redis.key_prefix}:f:user:u1", store.fields_read(names),
-                                               batch, clients)
-                     for clients in (50, 1)}
+        reference: dict[str, float | None] = {}
+        for clients in (50, 1):
+            reference[f"c{clients}"] = _redis_benchmark(port, f"{prefix}u__rand_int__", fields, batch, clients,
+                                                        n_entities)
+            reference[f"same_key_c{clients}"] = _redis_benchmark(port, prefix + ids[1], fields, batch, clients)
         for callers in (1, 4):
-            rate, done = _read_rate(store, ids, names, batch, callers)
-            extra = {f"redis_benchmark_c{c}": ref for c, ref in reference.items() if ref is not None}
-            extra.update({f"ratio_c{c}": round(rate / ref, 3) for c, ref in reference.items() if ref})
+            rate, done = _read_rate(store, shuffled, names, batch, callers)
+            extra = {f"redis_benchmark_{c}": ref for c, ref in reference.items() if ref is not None}
+            extra.update({f"ratio_{c}": round(rate / ref, 3) for c, ref in reference.items() if ref})
             emit("features", f"reads_entities_per_s_batch{batch}_callers{callers}", rate, "entities/s", done, **extra)
 
 
@@ -478,12 +487,15 @@ def _read_rate(store: RedisFeatureStore, ids: list[str], names: list[str], batch
     return sum(counts) / (time.perf_counter() - began), sum(counts)
 
 
-def _redis_benchmark(port: str, key: str, fields: list[str], pipeline: int, clients: int) -> float | None:
+def _redis_benchmark(port: str, key: str, fields: list[str], pipeline: int, clients: int,
+                     keyspace: int = 0) -> float | None:
+    """HMGETs/s of `key` (with `keyspace`, __rand_int__ in it drawn from 0 to keyspace - 1 per command)."""
     bench = shutil.which("redis-benchmark")
     if bench is None:
         print("redis-benchmark not installed (Debian: redis-tools); no reference", file=sys.stderr)
         return None
-    out = subprocess.run([bench, "-p", port, "-n", "300000", "-c", str(clients), "-P", str(pipeline), "-q",
+    spread = ["-r", str(keyspace)] if keyspace else []
+    out = subprocess.run([bench, "-p", port, "-n", "300000", "-c", str(clients), "-P", str(pipeline), "-q", *spread,
                           "hmget", key, *fields], capture_output=True, text=True).stdout
     match = re.search(r"([\d.]+) requests per second", out.replace(",", ""))
     return float(match.group(1)) if match else None
