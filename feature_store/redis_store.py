@@ -558,12 +558,18 @@ def _read_plan(names: tuple[str, ...], tiles_s: tuple[tuple[int, int], ...]) -> 
     plain_bytes = (np.array(layout.value_at[:plain_width], dtype=np.intp)[:, None]
                    + np.arange(VALUE_BYTES)).reshape(-1)
     ring_bytes = [(at, ring * TILE_BYTES) for at, (_, ring) in zip(layout.value_at[plain_width:], rings, strict=True)]
-    columns = [np.array(c, dtype=np.intp).reshape(-1, k) for c, k in ((plain_cols, 3), (tiled_cols, 3),
-                                                                     (unknown_cols, 2))]
-    distinct = sorted({tiled.index(h) for h, feature in parsed if h in tile_of and feature == DISTINCT})
-    return _ReadPlan(len(fields), plain_width, rings, *columns[0].T, *columns[1].T, *columns[2].T, distinct,
-                     [0, *np.cumsum([ring * TILE_FLOATS for _, ring in rings]).tolist()], fields,
-                     b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2), tail, layout, plain_bytes, ring_bytes)
+    plain_out, plain_in, plain_end_in = np.array(plain_cols, dtype=np.intp).reshape(-1, 3).T
+    tiled_out, tiled_in, tiled_ring = np.array(tiled_cols, dtype=np.intp).reshape(-1, 3).T
+    unknown_out, unknown_ring = np.array(unknown_cols, dtype=np.intp).reshape(-1, 2).T
+    return _ReadPlan(
+        width=len(fields), plain_width=plain_width, tiled=rings,
+        plain_out=plain_out, plain_in=plain_in, plain_end_in=plain_end_in,
+        tiled_out=tiled_out, tiled_in=tiled_in, tiled_ring=tiled_ring,
+        unknown_out=unknown_out, unknown_ring=unknown_ring,
+        distinct_rings=sorted({tiled.index(h) for h, feature in parsed if h in tile_of and feature == DISTINCT}),
+        ring_floats=[0, *np.cumsum([ring * TILE_FLOATS for _, ring in rings]).tolist()], fields=fields,
+        head=b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2), tail=tail, layout=layout, plain_bytes=plain_bytes,
+        ring_bytes=ring_bytes)
 
 
 def _merged_rings(rings: np.ndarray, plan: _ReadPlan, as_of_ms: list[float | None]) -> tuple[np.ndarray, np.ndarray]:
