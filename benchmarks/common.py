@@ -22,4 +22,5 @@ def emit(bench: str, metric: str, value: float, unit: str, n: int, p50: float | 
     row = {"bench": bench, "metric": metric, "value": round(value, 3), "unit": unit, "p50": p50, "p99": p99,
            "n": n, "commit": commit(), **extra}
     print(json.dumps(row), flush=True)
-    print(f"{bench:>10s}  {metric:<28s} {value:>14,.1f} {unit}", file=sys.stderr, flush=True)
+    shown = f"{value:>14,.3f}" if unit == "ratio" else f"{value:>14,.1f}"  # a ratio to one decimal read 0.3
+    print(f"{bench:>10s}  {metric:<28s} {shown} {unit}", file=sys.stderr, flush=True)
