@@ -307,7 +307,7 @@ class RedisFeatureStore:
             replies = [head[0]] * with_progress + resp.parse(got[head[1] + rows.size:], 1)
             plain = np.ascontiguousarray(rows[:, plan.plain_bytes]).view("<f8")
             rings = np.empty((n, plan.ring_floats[-1] * VALUE_BYTES), dtype=np.uint8)
-            for (at, size), into in zip(plan.ring_bytes, plan.ring_floats, strict=False):
+            for (at, size), into in zip(plan.ring_bytes, plan.ring_floats[:-1], strict=True):
                 rings[:, into * VALUE_BYTES:into * VALUE_BYTES + size] = rows[:, at:at + size]
             rings = rings.view("<f8")
         else:
