@@ -256,9 +256,8 @@ class RedisFeatureStore:
             as_of = [None if p is None else float(np.frombuffer(p, dtype="<f8")[0]) for p in chunks[0].progress]
             merged, end = _merged_rings(rings, plan, as_of)
             for r in plan.distinct_rings:
-                horizon, ring = plan.tiled[r]
-                tiles = rings[:, plan.ring_floats[r]:plan.ring_floats[r + 1]].reshape(n, ring, TILE_FLOATS)
-                merged[:, r, _MERGED.index(DISTINCT)] = self._distinct_counts(prefix, ids, horizon, tiles, as_of[r])
+                merged[:, r, _MERGED.index(DISTINCT)] = self._distinct_counts(prefix, ids, plan.tiled[r][0],
+                                                                              _ring_tiles(rings, plan, r), as_of[r])
             values[:, plan.tiled_out] = merged.reshape(n, len(plan.tiled) * len(_MERGED))[:, plan.tiled_in]
             values[:, plan.unknown_out] = np.nan
             ends[:, plan.tiled_out] = end[:, plan.tiled_ring]
@@ -578,9 +577,14 @@ def _merged_rings(rings: np.ndarray, plan: _ReadPlan, as_of_ms: list[float | Non
     n, horizons, lengths = len(rings), [h for h, _ in plan.tiled], {ring for _, ring in plan.tiled}
     if len(lengths) == 1:
         return merge_rings(rings.reshape(n, len(horizons), lengths.pop(), TILE_FLOATS), horizons, as_of_ms)
-    parts = [merge_rings(rings[:, plan.ring_floats[r]:plan.ring_floats[r + 1]].reshape(n, 1, ring, TILE_FLOATS),
-                         [horizon], [as_of_ms[r]]) for r, (horizon, ring) in enumerate(plan.tiled)]
+    parts = [merge_rings(_ring_tiles(rings, plan, r)[:, None], [horizon], [as_of_ms[r]])
+             for r, (horizon, _) in enumerate(plan.tiled)]
     return np.concatenate([m for m, _ in parts], axis=1), np.concatenate([e for _, e in parts], axis=1)
+
+
+def _ring_tiles(rings: np.ndarray, plan: _ReadPlan, r: int) -> np.ndarray:
+    """Ring r of a read's rings [entity, floats of every ring], as [entity, tile, TILE_FLOATS] (a view)."""
+    return rings[:, plan.ring_floats[r]:plan.ring_floats[r + 1]].reshape(len(rings), plan.tiled[r][1], TILE_FLOATS)
 
 
 @functools.lru_cache(maxsize=64)
