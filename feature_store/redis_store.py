@@ -27,6 +27,7 @@ import functools
 import hashlib
 import json
 import struct
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -126,6 +127,9 @@ class RedisFeatureStore:
         self.ttl_s = ttl_s
         self.tiles_s = dict(tiles_s or {})
         self._client: redis.Redis | None = None
+        # buffers each thread's reads reuse: fresh ones of megabytes cost a page fault per 4 KB, about a
+        # tenth of a 1,000-entity read each (they stay as large as the thread's largest send)
+        self._scratch = threading.local()
 
     @classmethod
     def from_settings(cls, redis_settings: RedisSettings, flink: FlinkSettings) -> RedisFeatureStore:
@@ -239,30 +243,33 @@ class RedisFeatureStore:
     def get_online_features(self, entity_type: str, ids: Sequence[str], names: Sequence[str]) -> OnlineFeatures:
         plan = _read_plan(tuple(names), tuple(sorted(self.tiles_s.items())))
         prefix = entity_key_prefix(self.prefix, entity_type).encode()
-        chunks = [self._read_chunk(prefix, ids[start:start + ENTITIES_PER_SEND], plan, not start)
-                  for start in range(0, len(ids), ENTITIES_PER_SEND)]
-        n = len(ids)
-        if not chunks:  # no ids: nothing read, nothing needed
-            chunks = [_Chunk(np.empty((0, plan.plain_width)), np.empty((0, plan.ring_floats[-1])),
-                             [None] * len(plan.tiled))]
-        values, ends = np.empty((n, len(names))), np.empty((n, len(names)), dtype=np.int64)
+        values, ends = np.empty((len(ids), len(names))), np.empty((len(ids), len(names)), dtype=np.int64)
+        as_of: list[float | None] = []
+        for start in range(0, len(ids), ENTITIES_PER_SEND):
+            part = ids[start:start + ENTITIES_PER_SEND]
+            chunk = self._read_chunk(prefix, part, plan, not start)
+            if not start:  # every send is merged as of the first one's progress
+                as_of = [None if p is None else float(np.frombuffer(p, dtype="<f8")[0]) for p in chunk.progress]
+            rows = slice(start, start + len(part))
+            self._fill(values[rows], ends[rows], chunk, plan, as_of, prefix, part)
+        return OnlineFeatures(list(names), values, ends)
+
+    def _fill(self, values: np.ndarray, ends: np.ndarray, chunk: _Chunk, plan: _ReadPlan,
+              as_of: list[float | None], prefix: bytes, ids: Sequence[str]) -> None:
+        """The values and window ends [entity, name] of one send's entities, from what `_read_chunk` got."""
         if len(plan.plain_out):
-            plain = np.concatenate([c.plain for c in chunks]) if len(chunks) > 1 else chunks[0].plain
-            values[:, plan.plain_out] = plain[:, plan.plain_in]
-            end = plain[:, plan.plain_end_in]
+            values[:, plan.plain_out] = chunk.plain[:, plan.plain_in]
+            end = chunk.plain[:, plan.plain_end_in]
             ends[:, plan.plain_out] = np.where(np.isnan(end), UNKNOWN_WINDOW_END, end)
         if plan.tiled:
-            rings = np.concatenate([c.rings for c in chunks]) if len(chunks) > 1 else chunks[0].rings
-            as_of = [None if p is None else float(np.frombuffer(p, dtype="<f8")[0]) for p in chunks[0].progress]
-            merged, end = _merged_rings(rings, plan, as_of)
+            merged, end = _merged_rings(chunk.rings, plan, as_of)
             for r in plan.distinct_rings:
-                merged[:, r, _MERGED.index(DISTINCT)] = self._distinct_counts(prefix, ids, plan.tiled[r][0],
-                                                                              _ring_tiles(rings, plan, r), as_of[r])
-            values[:, plan.tiled_out] = merged.reshape(n, len(plan.tiled) * len(_MERGED))[:, plan.tiled_in]
+                merged[:, r, _MERGED.index(DISTINCT)] = self._distinct_counts(
+                    prefix, ids, plan.tiled[r][0], _ring_tiles(chunk.rings, plan, r), as_of[r])
+            values[:, plan.tiled_out] = merged.reshape(len(ids), len(plan.tiled) * len(_MERGED))[:, plan.tiled_in]
             values[:, plan.unknown_out] = np.nan
             ends[:, plan.tiled_out] = end[:, plan.tiled_ring]
             ends[:, plan.unknown_out] = end[:, plan.unknown_ring]
-        return OnlineFeatures(list(names), values, ends)
 
     def _distinct_counts(self, prefix: bytes, ids: Sequence[str], horizon_s: int, tiles: np.ndarray,
                          as_of_ms: float | None) -> np.ndarray:
@@ -288,9 +295,9 @@ class RedisFeatureStore:
     def _read_chunk(self, prefix: bytes, ids: Sequence[str], plan: _ReadPlan, first: bool) -> _Chunk:
         """`HMGET prefix+id *fields` for every id in one round trip, on the `first` chunk after the
         progress of the tiled horizons: the plain values [entity, column] (NaN where missing), the rings
-        one after another [entity, ring floats] (zeros where missing) and the progress replies. The
-        progress is read first: a tile written after it ends after it, and a merge as of the progress
-        leaves it out."""
+        one after another [entity, ring floats] (zeros where missing; this thread's scratch, valid until
+        its next read) and the progress replies. The progress is read first: a tile written after it
+        ends after it, and a merge as of the progress leaves it out."""
         with_progress = first and bool(plan.tiled)
         marker, end = resp.end_marker()
         # the bytes in front of a key depend on its length alone: one lookup and a join per key
@@ -305,7 +312,7 @@ class RedisFeatureStore:
         if rows is not None:
             replies = [head[0]] * with_progress + resp.parse(got[head[1] + rows.size:], 1)
             plain = np.ascontiguousarray(rows[:, plan.plain_bytes]).view("<f8")
-            rings = np.empty((n, plan.ring_floats[-1] * VALUE_BYTES), dtype=np.uint8)
+            rings = self._scratch_rings(n, plan.ring_floats[-1] * VALUE_BYTES)
             for (at, size), into in zip(plan.ring_bytes, plan.ring_floats[:-1], strict=True):
                 rings[:, into * VALUE_BYTES:into * VALUE_BYTES + size] = rows[:, at:at + size]
             rings = rings.view("<f8")
@@ -315,6 +322,13 @@ class RedisFeatureStore:
         if replies[-1] != end[-2 - resp.NONCE_BYTES:-2]:
             raise redis.ConnectionError("Redis's replies are out of step with the read's commands")
         return _Chunk(plain, rings, _concatenated(replies[:1]) if with_progress else [None] * len(plan.tiled))
+
+    def _scratch_rings(self, n: int, width: int) -> np.ndarray:
+        """This thread's buffer for `n` entities' rings of `width` bytes, [entity, byte], grown as needed."""
+        scratch = getattr(self._scratch, "rings", None)
+        if scratch is None or scratch.size < n * width:
+            scratch = self._scratch.rings = np.empty(n * width, dtype=np.uint8)
+        return scratch[:n * width].reshape(n, width)
 
     def _progress_command(self, plan: _ReadPlan) -> bytes:
         fields = [tiles_field(h).encode() for h, _ in plan.tiled]
@@ -328,14 +342,20 @@ class RedisFeatureStore:
             connection.send_packed_command(payload)
             return resp.each_reply(connection, n_replies)
 
-    def _round_trip_raw(self, payload: bytes, end: bytes, n_replies: int, size_hint: int) -> bytearray | list[Any]:
+    def _round_trip_raw(self, payload: bytes, end: bytes, n_replies: int, size_hint: int) -> memoryview | list[Any]:
         """Pre-encoded commands ending in `resp.end_marker`'s out on one pooled connection: the bytes
-        back through `end` (about `size_hint`), or where the socket is out of reach, the `n_replies`
-        replies."""
+        back through `end` (about `size_hint`; a view of this thread's receive buffer, valid until its
+        next read), or where the socket is out of reach, the `n_replies` replies."""
+        received = getattr(self._scratch, "received", None)
+        if received is None or len(received) < size_hint + resp.FEED_BYTES:
+            received = bytearray(size_hint + resp.FEED_BYTES)
         with self._connection() as connection:
             connection.send_packed_command([payload])
-            raw = resp.read_through(connection, end, size_hint)
-            return resp.each_reply(connection, n_replies) if raw is None else raw
+            got = resp.read_through(connection, end, received)
+            if got is None:
+                return resp.each_reply(connection, n_replies)
+        self._scratch.received, n = got
+        return memoryview(self._scratch.received)[:n]
 
     @contextlib.contextmanager
     def _connection(self) -> Iterator[redis.Connection]:

@@ -38,6 +38,9 @@ import numpy as np
 import redis
 
 FEED_BYTES = 1 << 16  # hiredis moves its unread buffer after each reply: fed a little at a time
+# a receive asking for at most this much keeps pace with Redis's writes: a megabyte-sized receive
+# took a 1,000-entity read's 2.9 MB about a third longer (bench_features, README "Reads")
+RECEIVE_BYTES = 1 << 16
 NONCE_BYTES = 16
 
 
@@ -77,7 +80,7 @@ class RowLayout:
         return len(self.template)
 
 
-def fixed_rows(raw: bytes | bytearray, n: int, layout: RowLayout, offset: int = 0) -> np.ndarray | None:
+def fixed_rows(raw: bytes | bytearray | memoryview, n: int, layout: RowLayout, offset: int = 0) -> np.ndarray | None:
     """The `n` replies of `raw` from byte `offset` as rows [n, layout.width] of bytes when every one has
     the layout (checked byte for byte outside the values, which is the parse), else None."""
     if len(raw) < offset + n * layout.width:
@@ -88,7 +91,7 @@ def fixed_rows(raw: bytes | bytearray, n: int, layout: RowLayout, offset: int = 
     return rows
 
 
-def leading_reply(raw: bytes | bytearray) -> tuple[list[bytes | None], int] | None:
+def leading_reply(raw: bytes | bytearray | memoryview) -> tuple[list[bytes | None], int] | None:
     """The first reply in `raw` and how many bytes it takes, when it is a short array of bulk strings
     (an HMGET's); else None.
 
@@ -117,26 +120,27 @@ def parse(raw: bytes | bytearray | memoryview, n: int) -> list[Any]:
     return replies
 
 
-def read_through(connection: redis.Connection, end: bytes, size_hint: int = 0) -> bytearray | None:
+def read_through(connection: redis.Connection, end: bytes, into: bytearray) -> tuple[bytearray, int] | None:
     """The bytes from the connection up to and including `end` (the reply of `end_marker`'s command),
-    received straight into a buffer of about `size_hint` bytes, grown when full; None for a redis-py
-    without the private socket (then `each_reply` reads its replies)."""
+    received straight into `into` from its start; when it is full, into a new buffer twice as large (one
+    a caller may still view is never resized). Returns the buffer holding them and their number, or None
+    for a redis-py without the private socket (then `each_reply` reads its replies)."""
     sock = getattr(connection, "_sock", None)
     if sock is None:
         return None
-    got, n = bytearray(size_hint + FEED_BYTES), 0
+    got, n = into, 0
     free = memoryview(got)
     try:
         while n < len(end) or got[n - len(end):n] != end:
             if n == len(got):
-                free.release()  # a bytearray with a view on it cannot grow
-                got.extend(bytes(len(got)))
-                free = memoryview(got)
-            n += _received(sock.recv_into, free[n:])
+                free.release()
+                grown = bytearray(max(2 * n, FEED_BYTES))
+                grown[:n] = got
+                got, free = grown, memoryview(grown)
+            n += _received(sock.recv_into, free[n:n + RECEIVE_BYTES])
     finally:
         free.release()
-    del got[n:]
-    return got
+    return got, n
 
 
 def each_reply(connection: redis.Connection, n: int) -> list[Any]:

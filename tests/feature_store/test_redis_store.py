@@ -303,6 +303,38 @@ def test_replies_read_as_rows_give_what_replies_parsed_one_by_one_give(tiled: Re
         assert other.window_end_ms[:len(users)].tolist() == as_rows.window_end_ms.tolist()
 
 
+def test_threads_reading_at_once_each_get_their_own_entities(tiled: RedisFeatureStore) -> None:
+    """Each thread's reads reuse buffers of their own: four threads reading batches of other sizes at
+    the same time get what one reader gets, and a larger batch after a smaller one grows them."""
+    import threading
+
+    rng = np.random.default_rng(8)
+    users = [f"t{k}" for k in range(200)]
+    tiled.write_batch([tile(u, horizon, start * TILES_S[horizon] * 1000, k % 7 + 1, k % 3)
+                       for k, u in enumerate(users) for horizon in (60, 600)
+                       for start in rng.choice(20, 3, replace=False).tolist()])
+    names = ["60s.impressions", "600s.clicks", "60s.ctr"]
+    alone = tiled.get_online_features("user", users, names).values
+    assert not np.isnan(alone).any()
+    mismatches: list[int] = []
+
+    def reader(k: int) -> None:
+        order = np.random.default_rng(k).permutation(len(users))
+        for size in (3 + k, 50 * (k + 1), 200):
+            for start in range(0, len(users), size):
+                rows = order[start:start + size]
+                got = tiled.get_online_features("user", [users[i] for i in rows.tolist()], names).values
+                mismatches.append(int((got != alone[rows]).sum()))
+
+    threads = [threading.Thread(target=reader, args=(k,), daemon=True) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)  # a reader whose replies another overwrote would wait for its end marker
+    assert not any(thread.is_alive() for thread in threads)
+    assert len(mismatches) > 100 and sum(mismatches) == 0
+
+
 def test_rings_of_other_lengths_and_unknown_features_read_alongside(settings: Settings) -> None:
     """A read of rings of two lengths, with a feature no ring holds, gives what a read of each horizon
     alone gives."""

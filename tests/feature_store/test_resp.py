@@ -17,7 +17,14 @@ def test_read_through_grows_its_buffer_and_stops_at_the_end_marker() -> None:
         _, end = resp.end_marker()
         sent = os.urandom(300_000) + end
         threading.Thread(target=theirs.sendall, args=(sent,)).start()
-        assert resp.read_through(SimpleNamespace(_sock=ours), end, size_hint=10) == sent
+        small = bytearray(10)
+        viewed = memoryview(small)  # a buffer a caller still views is read from, never resized
+        got, n = resp.read_through(SimpleNamespace(_sock=ours), end, small)
+        assert got[:n] == sent and len(small) == 10 and viewed.nbytes == 10
+        # a buffer large enough is filled from its start and handed back as it is
+        threading.Thread(target=theirs.sendall, args=(sent,)).start()
+        again, n = resp.read_through(SimpleNamespace(_sock=ours), end, got)
+        assert again is got and got[:n] == sent
 
 
 def test_a_connection_closed_before_the_end_marker_is_a_connection_error() -> None:
@@ -26,7 +33,7 @@ def test_a_connection_closed_before_the_end_marker_is_a_connection_error() -> No
         theirs.sendall(b"$3\r\nabc\r\n")
         theirs.close()
         with pytest.raises(redis.ConnectionError, match="closed the connection"):
-            resp.read_through(SimpleNamespace(_sock=ours), resp.end_marker()[1])
+            resp.read_through(SimpleNamespace(_sock=ours), resp.end_marker()[1], bytearray(4))
 
 
 def test_rows_of_another_layout_are_not_cut() -> None:
