@@ -111,6 +111,7 @@ PACKED_NAN = np.float64(np.nan).tobytes()
 TILE_FLOATS = TILE_BYTES // VALUE_BYTES
 SLOTS_PER_CALL = 500
 ENTITIES_PER_SEND = 10_000  # bounds the request and reply held in memory at once (< 2**_ENTITY_BITS)
+SCRATCH_KEPT_BYTES = 1 << 23  # a thread keeps read buffers up to this size; a larger send's are its own
 
 
 class RedisFeatureStore:
@@ -128,7 +129,7 @@ class RedisFeatureStore:
         self.tiles_s = dict(tiles_s or {})
         self._client: redis.Redis | None = None
         # buffers each thread's reads reuse: fresh ones of megabytes cost a page fault per 4 KB, about a
-        # tenth of a 1,000-entity read each (they stay as large as the thread's largest send)
+        # tenth of a 1,000-entity read each (kept up to SCRATCH_KEPT_BYTES each, about 2,800 entities)
         self._scratch = threading.local()
 
     @classmethod
@@ -327,7 +328,9 @@ class RedisFeatureStore:
         """This thread's buffer for `n` entities' rings of `width` bytes, [entity, byte], grown as needed."""
         scratch = getattr(self._scratch, "rings", None)
         if scratch is None or scratch.size < n * width:
-            scratch = self._scratch.rings = np.empty(n * width, dtype=np.uint8)
+            scratch = np.empty(n * width, dtype=np.uint8)
+            if scratch.size <= SCRATCH_KEPT_BYTES:
+                self._scratch.rings = scratch
         return scratch[:n * width].reshape(n, width)
 
     def _progress_command(self, plan: _ReadPlan) -> bytes:
@@ -354,8 +357,10 @@ class RedisFeatureStore:
             got = resp.read_through(connection, end, received)
             if got is None:
                 return resp.each_reply(connection, n_replies)
-        self._scratch.received, n = got
-        return memoryview(self._scratch.received)[:n]
+        received, n = got
+        if len(received) <= SCRATCH_KEPT_BYTES:
+            self._scratch.received = received
+        return memoryview(received)[:n]
 
     @contextlib.contextmanager
     def _connection(self) -> Iterator[redis.Connection]:

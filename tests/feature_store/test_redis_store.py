@@ -303,9 +303,11 @@ def test_replies_read_as_rows_give_what_replies_parsed_one_by_one_give(tiled: Re
         assert other.window_end_ms[:len(users)].tolist() == as_rows.window_end_ms.tolist()
 
 
-def test_threads_reading_at_once_each_get_their_own_entities(tiled: RedisFeatureStore) -> None:
+def test_threads_reading_at_once_each_get_their_own_entities(tiled: RedisFeatureStore,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Each thread's reads reuse buffers of their own: four threads reading batches of other sizes at
-    the same time get what one reader gets, and a larger batch after a smaller one grows them."""
+    the same time get what one reader gets, and a larger batch after a smaller one grows them. Buffers
+    above SCRATCH_KEPT_BYTES are not kept."""
     import threading
 
     rng = np.random.default_rng(8)
@@ -314,8 +316,10 @@ def test_threads_reading_at_once_each_get_their_own_entities(tiled: RedisFeature
                        for k, u in enumerate(users) for horizon in (60, 600)
                        for start in rng.choice(20, 3, replace=False).tolist()])
     names = ["60s.impressions", "600s.clicks", "60s.ctr"]
+    monkeypatch.setattr("feature_store.redis_store.SCRATCH_KEPT_BYTES", 1000)
     alone = tiled.get_online_features("user", users, names).values
-    assert not np.isnan(alone).any()
+    assert not np.isnan(alone).any() and vars(tiled._scratch) == {}
+    monkeypatch.undo()
     mismatches: list[int] = []
 
     def reader(k: int) -> None:
