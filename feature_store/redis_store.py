@@ -313,7 +313,8 @@ class RedisFeatureStore:
         if rows is not None:
             replies = [head[0]] * with_progress + resp.parse(got[head[1] + rows.size:], 1)
             plain = np.ascontiguousarray(rows[:, plan.plain_bytes]).view("<f8")
-            rings = self._scratch_rings(n, plan.ring_floats[-1] * VALUE_BYTES)
+            width = plan.ring_floats[-1] * VALUE_BYTES
+            rings = np.frombuffer(self._scratch_buffer("rings", n * width), np.uint8, n * width).reshape(n, width)
             for (at, size), into in zip(plan.ring_bytes, plan.ring_floats[:-1], strict=True):
                 rings[:, into * VALUE_BYTES:into * VALUE_BYTES + size] = rows[:, at:at + size]
             rings = rings.view("<f8")
@@ -324,14 +325,18 @@ class RedisFeatureStore:
             raise redis.ConnectionError("Redis's replies are out of step with the read's commands")
         return _Chunk(plain, rings, _concatenated(replies[:1]) if with_progress else [None] * len(plan.tiled))
 
-    def _scratch_rings(self, n: int, width: int) -> np.ndarray:
-        """This thread's buffer for `n` entities' rings of `width` bytes, [entity, byte], grown as needed."""
-        scratch = getattr(self._scratch, "rings", None)
-        if scratch is None or scratch.size < n * width:
-            scratch = np.empty(n * width, dtype=np.uint8)
-            if scratch.size <= SCRATCH_KEPT_BYTES:
-                self._scratch.rings = scratch
-        return scratch[:n * width].reshape(n, width)
+    def _scratch_buffer(self, name: str, size: int) -> bytearray:
+        """This thread's buffer `name` of at least `size` bytes: the one kept from its earlier reads, or
+        a new one (kept when small enough)."""
+        buffer = getattr(self._scratch, name, None)
+        if buffer is None or len(buffer) < size:
+            buffer = bytearray(size)
+            self._keep(name, buffer)
+        return buffer
+
+    def _keep(self, name: str, buffer: bytearray) -> None:
+        if len(buffer) <= SCRATCH_KEPT_BYTES:
+            setattr(self._scratch, name, buffer)
 
     def _progress_command(self, plan: _ReadPlan) -> bytes:
         fields = [tiles_field(h).encode() for h, _ in plan.tiled]
@@ -349,17 +354,13 @@ class RedisFeatureStore:
         """Pre-encoded commands ending in `resp.end_marker`'s out on one pooled connection: the bytes
         back through `end` (about `size_hint`; a view of this thread's receive buffer, valid until its
         next read), or where the socket is out of reach, the `n_replies` replies."""
-        received = getattr(self._scratch, "received", None)
-        if received is None or len(received) < size_hint + resp.FEED_BYTES:
-            received = bytearray(size_hint + resp.FEED_BYTES)
         with self._connection() as connection:
             connection.send_packed_command([payload])
-            got = resp.read_through(connection, end, received)
+            got = resp.read_through(connection, end, self._scratch_buffer("received", size_hint + resp.FEED_BYTES))
             if got is None:
                 return resp.each_reply(connection, n_replies)
         received, n = got
-        if len(received) <= SCRATCH_KEPT_BYTES:
-            self._scratch.received = received
+        self._keep("received", received)  # grown by read_through beyond the hint
         return memoryview(received)[:n]
 
     @contextlib.contextmanager
