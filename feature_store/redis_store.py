@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import json
 import struct
 import threading
@@ -43,7 +42,6 @@ from feature_store.keys import (
     RECENT_FIELD,
     RECENT_HORIZON_S,
     TILE_BYTES,
-    TILE_VALUES,
     entity_key,
     entity_key_prefix,
     field_name,
@@ -54,63 +52,16 @@ from feature_store.keys import (
     tiles_field,
     window_end_field,
 )
+from feature_store.newest_wins import NEWEST_WINS_SHA, SCRIPTS, TILES_NEWEST_WINS_SHA
 from feature_store.resp import RowLayout, bulk_strings
+from feature_store.tile_merge import DISTINCT, MERGED_VALUES, distinct_counts, merge_rings
 from schemas.feature_set import HORIZONS_S
 
-# Many slots per call. KEYS: the entity hashes. ARGV: ttl_s, fields per slot, then per key that
-# many field/value pairs, the window end's first. Values are packed float64s (struct '<d'). A slot
-# is replaced only when the incoming window ends at or after the stored one. Returns how many were.
-NEWEST_WINS = """
-local ttl = tonumber(ARGV[1])
-local stride = 2 * tonumber(ARGV[2])
-local written = 0
-for k = 1, #KEYS do
-  local base = 2 + (k - 1) * stride
-  local current = redis.call('HGET', KEYS[k], ARGV[base + 1])
-  if not current or #current ~= 8 or struct.unpack('<d', current) <= struct.unpack('<d', ARGV[base + 2]) then
-    redis.call('HSET', KEYS[k], unpack(ARGV, base + 1, base + stride))
-    if ttl > 0 then redis.call('EXPIRE', KEYS[k], ttl) end
-    written = written + 1
-  end
-end
-return written
-"""
-NEWEST_WINS_SHA = hashlib.sha1(NEWEST_WINS.encode()).hexdigest().encode()  # Redis names a script by it
-# Many tiles of one horizon per call. KEYS: the progress hash, then the entity hashes. ARGV: ttl_s, the
-# ring's field, tiles per ring, bytes per tile, the sketch fields' prefix, then per entity its ring
-# position, its tile (the window end first) and its counterpart hashes (maybe none), kept beside the
-# tile with its window end. A ring of another length (flink.horizon_slides_s changed) starts over.
-TILES_NEWEST_WINS = """
-local ttl, field, n, width, sketches = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-local written, newest = 0, 0
-for k = 2, #KEYS do
-  local base = 3 * k
-  local position, tile, hashes = ARGV[base], ARGV[base + 1], ARGV[base + 2]
-  local at = tonumber(position) * width
-  local ends = struct.unpack('<d', tile)
-  if ends > newest then newest = ends end
-  local ring = redis.call('HGET', KEYS[k], field)
-  if not ring or #ring ~= n * width then ring = string.rep('\0', n * width) end
-  if struct.unpack('<d', ring, at + 1) <= ends then
-    redis.call('HSET', KEYS[k], field, string.sub(ring, 1, at) .. tile .. string.sub(ring, at + width + 1))
-    if #hashes > 0 then redis.call('HSET', KEYS[k], sketches .. position, string.sub(tile, 1, 8) .. hashes) end
-    if ttl > 0 then redis.call('EXPIRE', KEYS[k], ttl) end
-    written = written + 1
-  end
-end
-local progress = redis.call('HGET', KEYS[1], field)
-if not progress or #progress ~= 8 or struct.unpack('<d', progress) < newest then
-  redis.call('HSET', KEYS[1], field, struct.pack('<d', newest))
-end
-return written
-"""
-SCRIPTS = {hashlib.sha1(s.encode()).hexdigest().encode(): s for s in (NEWEST_WINS, TILES_NEWEST_WINS)}
-TILES_NEWEST_WINS_SHA = next(sha for sha, s in SCRIPTS.items() if s == TILES_NEWEST_WINS)
 VALUE_BYTES = 8
 PACKED_NAN = np.float64(np.nan).tobytes()
 TILE_FLOATS = TILE_BYTES // VALUE_BYTES
 SLOTS_PER_CALL = 500
-ENTITIES_PER_SEND = 10_000  # bounds the request and reply held in memory at once (< 2**_ENTITY_BITS)
+ENTITIES_PER_SEND = 10_000  # bounds the request and reply held in memory at once (< 2**tile_merge.ENTITY_BITS)
 SCRATCH_KEPT_BYTES = 1 << 23  # a thread keeps read buffers up to this size; a larger send's are its own
 
 
@@ -265,9 +216,9 @@ class RedisFeatureStore:
         if plan.tiled:
             merged, end = _merged_rings(chunk.rings, plan, as_of)
             for r in plan.distinct_rings:
-                merged[:, r, _MERGED.index(DISTINCT)] = self._distinct_counts(
+                merged[:, r, MERGED_VALUES.index(DISTINCT)] = self._distinct_counts(
                     prefix, ids, plan.tiled[r][0], _ring_tiles(chunk.rings, plan, r), as_of[r])
-            values[:, plan.tiled_out] = merged.reshape(len(ids), len(plan.tiled) * len(_MERGED))[:, plan.tiled_in]
+            values[:, plan.tiled_out] = merged.reshape(len(ids), len(plan.tiled) * len(MERGED_VALUES))[:, plan.tiled_in]
             values[:, plan.unknown_out] = np.nan
             ends[:, plan.tiled_out] = end[:, plan.tiled_ring]
             ends[:, plan.unknown_out] = end[:, plan.unknown_ring]
@@ -395,117 +346,6 @@ def _slot_template(horizon_s: int) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(template, dtype=np.uint8), np.array(value_at)[:, None]
 
 
-def merge_rings(tiles: np.ndarray, horizons_s: Sequence[int], as_of_ms: Sequence[float | None],
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """Each entity's horizons from its rings `tiles` [entity, ring, tile, window end + TILE_VALUES] of
-    the horizons `horizons_s`: per ring, the tiles ending in (as_of - horizon, as_of] added up, ratios
-    from the sums, distinct counterparts the most of any tile. An `as_of_ms` of None (no progress
-    written) takes each entity's newest tile end in that ring. Returns the values [entity, ring,
-    _MERGED], NaN for an entity with no tile in a ring, and the window end (as_of) [entity, ring],
-    UNKNOWN_WINDOW_END for those. All rings in one pass: each numpy call costs microseconds at a
-    hundred entities.
-
-    >>> ring = np.zeros((2, 1, 3, 9)); ring[0, 0, :, 0] = [3000, 6000, 9000]; ring[0, 0, :, 1] = [1, 2, 4]
-    >>> ring[0, 0, :, 2] = [1, 0, 1]; ring[0, 0, :, 8] = [3, 1, 2]
-    >>> merged, ends = merge_rings(np.concatenate([ring, ring], axis=1), [6, 9], [9000.0, None])
-    >>> merged[..., _MERGED.index("impressions")].tolist(), ends.tolist()
-    ([[6.0, 7.0], [nan, nan]], [[9000, 9000], [-1, -1]])
-    >>> round(float(merged[0, 0, _MERGED.index("ctr")]), 3), merged[:, 0, _MERGED.index(DISTINCT)].tolist()
-    (0.167, [2.0, nan])
-    """
-    ends = np.ascontiguousarray(tiles[..., 0])  # compared three times: strided, each took longer than the copy
-    as_of = np.array([np.nan if a is None else a for a in as_of_ms])
-    if np.isnan(as_of).any():
-        as_of = np.where(np.isnan(as_of), ends.max(axis=2), as_of)  # [entity, ring]
-    as_of = np.broadcast_to(as_of, ends.shape[:2])[..., None]
-    since = as_of - np.asarray(horizons_s, dtype=np.float64)[:, None] * 1000
-    weights = ((ends > since) & (ends <= as_of)).astype(np.float64)
-    merged = np.empty((*tiles.shape[:2], len(_MERGED)))
-    # a weighted sum over the tiles: no masked copy of the rings (it was most of a read's numpy time)
-    np.matmul(weights[..., None, :], tiles[..., 1:], out=merged[..., None, :len(TILE_VALUES)])
-    merged[..., _DISTINCT - 1] = (tiles[..., _DISTINCT] * weights).max(axis=2)  # counts are >= 0
-    for ratio, (numerator, denominator) in _RATIOS.items():
-        merged[..., ratio] = 0.0
-        np.divide(merged[..., numerator], merged[..., denominator], out=merged[..., ratio],
-                  where=merged[..., denominator] > 0)
-    known = (ends > 0).any(axis=2)
-    merged[~known] = np.nan
-    return merged, np.where(known, as_of[..., 0], UNKNOWN_WINDOW_END).astype(np.int64)
-
-
-def distinct_counts(tiles: np.ndarray, sketches: Sequence[Sequence[bytes | None]], horizon_s: int,
-                    as_of_ms: float | None) -> np.ndarray:
-    """Each entity's distinct counterparts over the horizon: its ring `tiles` [entity, tile, window end +
-    TILE_VALUES] and the sketch at each ring position (feature_store.keys), over the tiles that
-    `merge_rings` adds up. While no tile kept only its smallest hashes (it saw more ids than its sketch
-    holds), the union of the tiles' hashes is the horizon's, and the count exact. Else, below theta, the
-    smallest largest hash of such a tile, the union holds every hash of the horizon, and their number
-    divided by theta / 2**63 estimates the count: a theta sketch's estimate, unbiased, with a relative
-    error near 1/sqrt(that number), at least the sketch size. A tile without its sketch (written by
-    an earlier job, or replaced since the ring was read) adds nothing to the union, and the answer is
-    never below the most of any one tile, which was the whole answer before the sketches. NaN for an
-    entity with no tile. Every entity at once, in numpy.
-
-    >>> ring = np.zeros((2, 3, 9)); ring[0, :, 0] = [3000, 6000, 9000]; ring[0, :, 8] = [2, 2, 1]
-    >>> sk = [struct.pack("<d", e) + (np.array(h, "<i8") << 40).tobytes() for e, h in ((3000, [5, 9]), (6000, [1, 9]))]
-    >>> distinct_counts(ring, [[*sk, None], [None] * 3], 9, 9000.0).tolist()
-    [3.0, nan]
-    >>> distinct_counts(ring, [[*sk, None], [None] * 3], 6, 9000.0).tolist()
-    [2.0, nan]
-    """
-    n, ring = tiles.shape[:2]
-    ends, counts = tiles[:, :, 0], tiles[:, :, _DISTINCT]
-    as_of = ends.max(axis=1, keepdims=True) if as_of_ms is None else np.float64(as_of_ms)
-    inside = ((ends > as_of - horizon_s * 1000) & (ends <= as_of)).reshape(-1)
-    lower = np.where(inside.reshape(n, ring), counts, 0.0).max(axis=1, initial=0.0)
-    # one buffer of 8-byte words: per sketch its window end, then its hashes (8 zero bytes after them)
-    pieces = [b"" if v is None or len(v) <= 8 or len(v) % 8 else v for row in sketches for v in row]
-    size = np.fromiter(map(len, pieces), dtype=np.int64, count=n * ring) // 8
-    pieces.append(bytes(8))
-    words = np.frombuffer(b"".join(pieces), dtype="<i8")
-    start = np.cumsum(size) - size
-    valid = (size > 0) & inside & (words.view("<f8")[start] == ends.reshape(-1))
-    hashes = np.where(valid, size - 1, 0)
-    entity = np.repeat(np.arange(n), ring)
-    cut = valid & (hashes < counts.reshape(-1))  # the tile kept its smallest hashes only
-    theta = np.full(n, np.iinfo(np.int64).max)
-    np.minimum.at(theta, entity[cut], words[(start + size - 1)[cut]])
-    has_cut = np.bincount(entity[cut], minlength=n) > 0
-    # every hash of a valid sketch (a sketch's words are contiguous, an entity's sketches too), keyed
-    # by its entity and its top 49 bits: one sort of that key (a sort by two keys took about four times
-    # as long); two of an entity's ids share those bits with odds near n**2 / 2**50
-    taken = np.repeat(valid, size)
-    taken[start[size > 0]] = False  # the window ends
-    shift, bits = 63 - _ENTITY_BITS, _ENTITY_BITS
-    entity_bits = np.repeat(np.arange(n, dtype=np.int64) << shift, size.reshape(n, ring).sum(axis=1))
-    key = np.right_shift(words[:-1], bits)
-    key = np.bitwise_or(key, entity_bits, out=key)[taken]  # in place: one temporary megabyte fewer
-    key.sort()
-    if len(key):
-        first = np.empty(len(key), dtype=bool)
-        first[0] = True
-        np.not_equal(key[1:], key[:-1], out=first[1:])
-        key = key[first]
-    # an entity's hashes are a run of the sorted keys: counted by where the runs and theta fall
-    entity_from = np.searchsorted(key, np.arange(n + 1, dtype=np.int64) << shift)
-    union = np.diff(entity_from).astype(np.float64)
-    below = (np.searchsorted(key, np.arange(n, dtype=np.int64) << shift | theta >> bits)
-             - entity_from[:-1]).astype(np.float64)
-    estimate = np.divide(below, theta / 2.0**63, out=np.zeros(n), where=has_cut & (theta > 0))
-    counted = np.where(has_cut, np.maximum(estimate, below + 1), union)
-    got = np.maximum(np.where(union > 0, counted, 0.0), lower)
-    got[~(ends > 0).any(axis=1)] = np.nan
-    return got
-
-
-_ENTITY_BITS = 14  # a send's entities (ENTITIES_PER_SEND) fit in these
-_MERGED = (*TILE_VALUES, "ctr", "dwell_mean_ms")
-DISTINCT = "distinct_counterparts"
-_DISTINCT = 1 + TILE_VALUES.index("distinct_counterparts")  # in a tile, after its window end
-_RATIOS = {_MERGED.index("ctr"): (TILE_VALUES.index("clicks"), TILE_VALUES.index("impressions")),
-           _MERGED.index("dwell_mean_ms"): (TILE_VALUES.index("dwell_sum_ms"), TILE_VALUES.index("dwell_count"))}
-
-
 def tile_layout(flink: FlinkSettings) -> dict[int, int]:
     """The horizons the feature job of `flink` writes as tiles, with their tile length (s): those whose
     window hops (flink.horizon_slides_s, else the base window), the feature set's by default.
@@ -532,7 +372,7 @@ class _ReadPlan:
     tiled: list[tuple[int, int]]  # (horizon, tiles per ring) per ring read
     # where each name's value comes from, as numpy indices: the names of plain fields (plain_out) from
     # plain columns (plain_in) with their horizon's window end (plain_end_in); those of rings (tiled_out)
-    # from the merged rings [entity, ring * len(_MERGED)] (tiled_in) of ring tiled_ring; a name no tile
+    # from the merged rings [entity, ring * len(MERGED_VALUES)] (tiled_in) of ring tiled_ring; a name no tile
     # keeps (unknown_out) reads NaN with its ring's window end
     plain_out: np.ndarray
     plain_in: np.ndarray
@@ -572,9 +412,9 @@ def _read_plan(names: tuple[str, ...], tiles_s: tuple[tuple[int, int], ...]) -> 
     for column, (name, (horizon, feature)) in enumerate(zip(names, parsed, strict=True)):
         if horizon not in tile_of:
             plain_cols.append((column, plain.index(name), len(plain) + plain_horizons.index(horizon)))
-        elif feature in _MERGED:
+        elif feature in MERGED_VALUES:
             r = tiled.index(horizon)
-            tiled_cols.append((column, r * len(_MERGED) + _MERGED.index(feature), r))
+            tiled_cols.append((column, r * len(MERGED_VALUES) + MERGED_VALUES.index(feature), r))
         else:
             unknown_cols.append((column, tiled.index(horizon)))
     tail = b"".join(b"$%d\r\n%s\r\n" % (len(f), f) for f in (f.encode() for f in fields))
