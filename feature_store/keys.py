@@ -54,7 +54,8 @@ RECENT_FIELD = "recent"
 # parts), and distinct_counterparts, which a reader takes the most of (distinct ids do not add up).
 TILE_VALUES = ("impressions", "clicks", "likes", "carts", "orders", "dwell_sum_ms", "dwell_count",
                "distinct_counterparts")
-TILE_BYTES = 8 * (1 + len(TILE_VALUES))
+VALUE_BYTES = 8  # every value is a little-endian float64
+TILE_BYTES = VALUE_BYTES * (1 + len(TILE_VALUES))
 
 
 def entity_key(prefix: str, entity_type: str, entity_id: str) -> str:

@@ -42,24 +42,23 @@ from feature_store.keys import (
     RECENT_FIELD,
     RECENT_HORIZON_S,
     TILE_BYTES,
+    VALUE_BYTES,
     entity_key,
     entity_key_prefix,
     field_name,
     progress_key,
     sketch_field,
     sketch_field_prefix,
-    split_feature_name,
     tiles_field,
     window_end_field,
 )
 from feature_store.newest_wins import NEWEST_WINS_SHA, SCRIPTS, TILES_NEWEST_WINS_SHA
-from feature_store.resp import RowLayout, bulk_strings
-from feature_store.tile_merge import DISTINCT, MERGED_VALUES, distinct_counts, merge_rings
+from feature_store.read_plan import ReadPlan, merged_rings, read_plan, ring_tiles
+from feature_store.resp import bulk_strings
+from feature_store.tile_merge import DISTINCT, MERGED_VALUES, distinct_counts
 from schemas.feature_set import HORIZONS_S
 
-VALUE_BYTES = 8
 PACKED_NAN = np.float64(np.nan).tobytes()
-TILE_FLOATS = TILE_BYTES // VALUE_BYTES
 SLOTS_PER_CALL = 500
 ENTITIES_PER_SEND = 10_000  # bounds the request and reply held in memory at once (< 2**tile_merge.ENTITY_BITS)
 SCRATCH_KEPT_BYTES = 1 << 23  # a thread keeps read buffers up to this size; a larger send's are its own
@@ -193,7 +192,7 @@ class RedisFeatureStore:
         return got
 
     def get_online_features(self, entity_type: str, ids: Sequence[str], names: Sequence[str]) -> OnlineFeatures:
-        plan = _read_plan(tuple(names), tuple(sorted(self.tiles_s.items())))
+        plan = read_plan(tuple(names), tuple(sorted(self.tiles_s.items())))
         prefix = entity_key_prefix(self.prefix, entity_type).encode()
         values, ends = np.empty((len(ids), len(names))), np.empty((len(ids), len(names)), dtype=np.int64)
         as_of: list[float | None] = []
@@ -206,7 +205,7 @@ class RedisFeatureStore:
             self._fill(values[rows], ends[rows], chunk, plan, as_of, prefix, part)
         return OnlineFeatures(list(names), values, ends)
 
-    def _fill(self, values: np.ndarray, ends: np.ndarray, chunk: _Chunk, plan: _ReadPlan,
+    def _fill(self, values: np.ndarray, ends: np.ndarray, chunk: _Chunk, plan: ReadPlan,
               as_of: list[float | None], prefix: bytes, ids: Sequence[str]) -> None:
         """The values and window ends [entity, name] of one send's entities, from what `_read_chunk` got."""
         if len(plan.plain_out):
@@ -214,10 +213,10 @@ class RedisFeatureStore:
             end = chunk.plain[:, plan.plain_end_in]
             ends[:, plan.plain_out] = np.where(np.isnan(end), UNKNOWN_WINDOW_END, end)
         if plan.tiled:
-            merged, end = _merged_rings(chunk.rings, plan, as_of)
+            merged, end = merged_rings(chunk.rings, plan, as_of)
             for r in plan.distinct_rings:
                 merged[:, r, MERGED_VALUES.index(DISTINCT)] = self._distinct_counts(
-                    prefix, ids, plan.tiled[r][0], _ring_tiles(chunk.rings, plan, r), as_of[r])
+                    prefix, ids, plan.tiled[r][0], ring_tiles(chunk.rings, plan, r), as_of[r])
             values[:, plan.tiled_out] = merged.reshape(len(ids), len(plan.tiled) * len(MERGED_VALUES))[:, plan.tiled_in]
             values[:, plan.unknown_out] = np.nan
             ends[:, plan.tiled_out] = end[:, plan.tiled_ring]
@@ -242,9 +241,9 @@ class RedisFeatureStore:
 
     def fields_read(self, names: Sequence[str]) -> list[str]:
         """The hash fields one entity's read of `names` asks for (the progress is read once per call)."""
-        return _read_plan(tuple(names), tuple(sorted(self.tiles_s.items()))).fields
+        return read_plan(tuple(names), tuple(sorted(self.tiles_s.items()))).fields
 
-    def _read_chunk(self, prefix: bytes, ids: Sequence[str], plan: _ReadPlan, first: bool) -> _Chunk:
+    def _read_chunk(self, prefix: bytes, ids: Sequence[str], plan: ReadPlan, first: bool) -> _Chunk:
         """`HMGET prefix+id *fields` for every id in one round trip, on the `first` chunk after the
         progress of the tiled horizons: the plain values [entity, column] (NaN where missing), the rings
         one after another [entity, ring floats] (zeros where missing; this thread's scratch, valid until
@@ -289,7 +288,7 @@ class RedisFeatureStore:
         if len(buffer) <= SCRATCH_KEPT_BYTES:
             setattr(self._scratch, name, buffer)
 
-    def _progress_command(self, plan: _ReadPlan) -> bytes:
+    def _progress_command(self, plan: ReadPlan) -> bytes:
         fields = [tiles_field(h).encode() for h, _ in plan.tiled]
         return (b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2)
                 + bulk_strings([progress_key(self.prefix).encode(), *fields]))
@@ -330,7 +329,7 @@ class RedisFeatureStore:
 @dataclass(frozen=True)
 class _Chunk:
     plain: np.ndarray
-    rings: np.ndarray  # [entity, floats of every ring]: ring r at _ReadPlan.ring_floats[r]
+    rings: np.ndarray  # [entity, floats of every ring]: ring r at ReadPlan.ring_floats[r]
     progress: list[bytes | None]
 
 
@@ -363,94 +362,10 @@ def tile_layout(flink: FlinkSettings) -> dict[int, int]:
     return tiles
 
 
-@dataclass(frozen=True)
-class _ReadPlan:
-    """What one list of feature names turns into on the wire, worked out once per list."""
-
-    width: int  # fields per entity: the plain names, one window end per plain horizon, one ring per tiled one
-    plain_width: int  # the fields before the rings
-    tiled: list[tuple[int, int]]  # (horizon, tiles per ring) per ring read
-    # where each name's value comes from, as numpy indices: the names of plain fields (plain_out) from
-    # plain columns (plain_in) with their horizon's window end (plain_end_in); those of rings (tiled_out)
-    # from the merged rings [entity, ring * len(MERGED_VALUES)] (tiled_in) of ring tiled_ring; a name no tile
-    # keeps (unknown_out) reads NaN with its ring's window end
-    plain_out: np.ndarray
-    plain_in: np.ndarray
-    plain_end_in: np.ndarray
-    tiled_out: np.ndarray
-    tiled_in: np.ndarray
-    tiled_ring: np.ndarray
-    unknown_out: np.ndarray
-    unknown_ring: np.ndarray
-    distinct_rings: list[int]  # the rings whose distinct counterparts are read (their sketches too)
-    ring_floats: list[int]  # where each ring starts in _Chunk.rings, and their end
-    fields: list[str]
-    head: bytes  # RESP before the key
-    tail: bytes  # RESP after the key: the fields
-    layout: RowLayout  # an entity's reply when every field is there
-    plain_bytes: np.ndarray  # in that reply, the bytes of the plain fields' values, in order
-    ring_bytes: list[tuple[int, int]]  # and each ring's offset and length
-
-
 @functools.cache
 def _slot_fields(horizon_s: int) -> tuple[str, ...]:
     """The fields of one (entity, horizon) slot, in the order the writer packs them."""
     return (window_end_field(horizon_s), *(field_name(horizon_s, name) for name in VALUE_FIELDS))
-
-
-@functools.lru_cache(maxsize=64)
-def _read_plan(names: tuple[str, ...], tiles_s: tuple[tuple[int, int], ...]) -> _ReadPlan:
-    tile_of = dict(tiles_s)
-    parsed = [split_feature_name(n) for n in names]
-    plain = [n for n, (h, _) in zip(names, parsed, strict=True) if h not in tile_of]
-    plain_horizons = sorted({h for h, _ in parsed if h not in tile_of})
-    tiled = sorted({h for h, _ in parsed if h in tile_of})
-    fields = [*plain, *(window_end_field(h) for h in plain_horizons)]
-    plain_width = len(fields)
-    fields += [tiles_field(h) for h in tiled]
-    plain_cols, tiled_cols, unknown_cols = [], [], []
-    for column, (name, (horizon, feature)) in enumerate(zip(names, parsed, strict=True)):
-        if horizon not in tile_of:
-            plain_cols.append((column, plain.index(name), len(plain) + plain_horizons.index(horizon)))
-        elif feature in MERGED_VALUES:
-            r = tiled.index(horizon)
-            tiled_cols.append((column, r * len(MERGED_VALUES) + MERGED_VALUES.index(feature), r))
-        else:
-            unknown_cols.append((column, tiled.index(horizon)))
-    tail = b"".join(b"$%d\r\n%s\r\n" % (len(f), f) for f in (f.encode() for f in fields))
-    rings = [(h, h // tile_of[h]) for h in tiled]
-    layout = RowLayout.of([VALUE_BYTES] * plain_width + [ring * TILE_BYTES for _, ring in rings])
-    plain_bytes = (np.array(layout.value_at[:plain_width], dtype=np.intp)[:, None]
-                   + np.arange(VALUE_BYTES)).reshape(-1)
-    ring_bytes = [(at, ring * TILE_BYTES) for at, (_, ring) in zip(layout.value_at[plain_width:], rings, strict=True)]
-    plain_out, plain_in, plain_end_in = np.array(plain_cols, dtype=np.intp).reshape(-1, 3).T
-    tiled_out, tiled_in, tiled_ring = np.array(tiled_cols, dtype=np.intp).reshape(-1, 3).T
-    unknown_out, unknown_ring = np.array(unknown_cols, dtype=np.intp).reshape(-1, 2).T
-    return _ReadPlan(
-        width=len(fields), plain_width=plain_width, tiled=rings,
-        plain_out=plain_out, plain_in=plain_in, plain_end_in=plain_end_in,
-        tiled_out=tiled_out, tiled_in=tiled_in, tiled_ring=tiled_ring,
-        unknown_out=unknown_out, unknown_ring=unknown_ring,
-        distinct_rings=sorted({tiled.index(h) for h, feature in parsed if h in tile_of and feature == DISTINCT}),
-        ring_floats=[0, *np.cumsum([ring * TILE_FLOATS for _, ring in rings]).tolist()], fields=fields,
-        head=b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2), tail=tail, layout=layout, plain_bytes=plain_bytes,
-        ring_bytes=ring_bytes)
-
-
-def _merged_rings(rings: np.ndarray, plan: _ReadPlan, as_of_ms: list[float | None]) -> tuple[np.ndarray, np.ndarray]:
-    """`merge_rings` of a read's rings [entity, floats of every ring]: in one pass when the rings are
-    alike (the default horizons: 20 tiles each), else ring by ring."""
-    n, horizons, lengths = len(rings), [h for h, _ in plan.tiled], {ring for _, ring in plan.tiled}
-    if len(lengths) == 1:
-        return merge_rings(rings.reshape(n, len(horizons), lengths.pop(), TILE_FLOATS), horizons, as_of_ms)
-    parts = [merge_rings(_ring_tiles(rings, plan, r)[:, None], [horizon], [as_of_ms[r]])
-             for r, (horizon, _) in enumerate(plan.tiled)]
-    return np.concatenate([m for m, _ in parts], axis=1), np.concatenate([e for _, e in parts], axis=1)
-
-
-def _ring_tiles(rings: np.ndarray, plan: _ReadPlan, r: int) -> np.ndarray:
-    """Ring r of a read's rings [entity, floats of every ring], as [entity, tile, TILE_FLOATS] (a view)."""
-    return rings[:, plan.ring_floats[r]:plan.ring_floats[r + 1]].reshape(len(rings), plan.tiled[r][1], TILE_FLOATS)
 
 
 @functools.lru_cache(maxsize=64)
@@ -459,7 +374,7 @@ def _before_key(head: bytes, prefix: bytes) -> Callable[[int], bytes]:
     return functools.cache(lambda length: b"%s$%d\r\n%s" % (head, len(prefix) + length, prefix))
 
 
-def _parsed_columns(replies: list[Any], plan: _ReadPlan, prefix: str) -> tuple[np.ndarray, np.ndarray]:
+def _parsed_columns(replies: list[Any], plan: ReadPlan, prefix: str) -> tuple[np.ndarray, np.ndarray]:
     """The entities' replies, parsed one by one, as `_read_chunk`'s plain values and rings."""
     flat, n = _concatenated(replies), len(replies)
     plain = _float64s([flat[c::plan.width] for c in range(plan.plain_width)], VALUE_BYTES, prefix)
