@@ -54,21 +54,35 @@ def make_learner(cfg: TrainerSettings, n_features: int,
     return Learner(cfg, n_features, exchange=exchange)
 
 
-def copied(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def copied(arrays: dict[str, np.ndarray], reuse: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """A copy of each array for the publisher thread while training goes on; names viewing the same
-    memory (with shadow learners, the leader's arrays and its variant's) share one copy.
+    memory (with shadow learners, the leader's arrays and its variant's) share one copy. A buffer in
+    `reuse` under the same name, shape and dtype takes the copy instead of a new one: the caller's
+    copies from a snapshot whose publication has finished. Fresh memory costs a page fault per 4 KB:
+    copying the default model's 66 MB took 170-180 ms into fresh memory and 9 ms into the last copy.
 
     >>> a = np.zeros(3)
     >>> out = copied({"x": a, "y": a, "z": a[:2]})
     >>> out["x"] is out["y"], out["x"] is a, out["z"].shape
     (True, False, (2,))
+    >>> again = copied({"x": a + 1, "y": a[:2]}, reuse=out)
+    >>> again["x"] is out["x"], again["x"].tolist(), again["y"] is out["y"]
+    (True, [1.0, 1.0, 1.0], False)
     """
+    reuse = reuse or {}
     seen: dict[tuple[int, tuple[int, ...], tuple[int, ...], str], np.ndarray] = {}
+    taken: set[int] = set()  # the reused buffers already holding a copy in this call
     out = {}
     for name, array in arrays.items():
         key = (array.__array_interface__["data"][0], array.shape, array.strides, array.dtype.str)
         if key not in seen:
-            seen[key] = array.copy()
+            kept = reuse.get(name)
+            if kept is not None and kept.shape == array.shape and kept.dtype == array.dtype and id(kept) not in taken:
+                np.copyto(kept, array)
+                taken.add(id(kept))
+                seen[key] = kept
+            else:
+                seen[key] = array.copy()
         out[name] = seen[key]
     return out
 
@@ -108,6 +122,8 @@ class TrainerService:
         self._since_snapshot = 0
         self._dirty = False
         self._reverts = 0
+        # the last snapshot's copy of the state, refilled by the next once its publication has finished
+        self._snapshot_copy: dict[str, np.ndarray] = {}
         self._gauges_at = 0.0
         self._last_snapshot_at = time.monotonic()
         self.written: list[int] = []
@@ -371,8 +387,9 @@ class TrainerService:
             newest_event_ms=self.newest_event_ms, promoted=promoted,
             variant=self.learner.gate.leader if isinstance(self.learner, ShadowLearners) else None,
         )
-        arrays = copied(self.learner.state_arrays())
-        self.publisher.begin(manifest, arrays)
+        # the publication before is finished (above), so its copy is free to refill
+        self._snapshot_copy = copied(self.learner.state_arrays(), reuse=self._snapshot_copy)
+        self.publisher.begin(manifest, self._snapshot_copy)
         return manifest
 
     def _finish_publication(self) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from core.settings import TrainerSettings
 from gpu_trainer import snapshots
+from gpu_trainer.batch import Columns
 from gpu_trainer.distributed import Agreed, Round, combine
 from gpu_trainer.service import RanksChanged, TrainerService
 from gpu_trainer.snapshots import SnapshotStore
@@ -89,6 +90,33 @@ def test_checkpoint_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert trainer.checkpoint().promoted
     trainer.publisher.finish()
     assert calls == ["ewc consolidate", "snapshot files", "announcement", "pointer", "offsets commit", "prune"]
+
+
+def test_each_snapshot_holds_the_state_of_its_checkpoint_though_copies_are_reused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint refills the previous snapshot's copy of the state: only once that snapshot is
+    written, however long its writing takes while training goes on."""
+    trainer = service(config(tmp_path), ListSource({0: []}))
+    write = trainer.store.write
+    monkeypatch.setattr(trainer.store, "write", lambda *a: (time.sleep(0.3), write(*a))[1])  # a slow disk
+    cfg, trainer.positions = trainer.cfg, {(TOPIC, 0): 0}
+    expected, copies = [], []
+    for k in range(3):
+        batch = Columns.from_records(make_samples(500, start=500 * k)).to_batch(cfg.user_buckets, cfg.item_buckets)
+        trainer.learner.step(batch)
+        expected.append({name: array.copy() for name, array in trainer.learner.state_arrays().items()})
+        assert trainer.checkpoint() is not None
+        copies.append(dict(trainer._snapshot_copy))
+        trainer.learner.step(batch)  # training goes on while the snapshot is written
+    trainer.publisher.finish()
+
+    assert trainer.store.versions() == [1, 2, 3]
+    for version, state in zip([1, 2, 3], expected, strict=True):
+        _, written = trainer.store.load(version)
+        assert written.keys() == state.keys()
+        for name, array in state.items():
+            np.testing.assert_array_equal(written[name], array, err_msg=f"v{version} {name}")
+    assert all(copies[2][name] is copies[0][name] for name in copies[0])
 
 
 def test_an_idle_trainer_commits_its_last_snapshots_offsets(tmp_path: Path) -> None:
