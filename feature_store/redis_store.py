@@ -27,7 +27,7 @@ import functools
 import json
 import struct
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +55,7 @@ from feature_store.keys import (
 from feature_store.newest_wins import NEWEST_WINS_SHA, SCRIPTS, TILES_NEWEST_WINS_SHA
 from feature_store.read_plan import ReadPlan, merged_rings, read_plan, ring_tiles
 from feature_store.resp import bulk_strings
+from feature_store.thread_connections import ThreadConnections
 from feature_store.tile_merge import DISTINCT, MERGED_VALUES, distinct_counts
 from schemas.feature_set import HORIZONS_S
 
@@ -81,6 +82,7 @@ class RedisFeatureStore:
         # buffers each thread's reads reuse: fresh ones of megabytes cost a page fault per 4 KB, about a
         # tenth of a 1,000-entity read each (kept up to SCRATCH_KEPT_BYTES each, about 2,800 entities)
         self._scratch = threading.local()
+        self._connections = ThreadConnections()  # kept per thread between reads
 
     @classmethod
     def from_settings(cls, redis_settings: RedisSettings, flink: FlinkSettings) -> RedisFeatureStore:
@@ -313,17 +315,8 @@ class RedisFeatureStore:
         self._keep("received", received)  # grown by read_through beyond the hint
         return memoryview(received)[:n]
 
-    @contextlib.contextmanager
-    def _connection(self) -> Iterator[redis.Connection]:
-        pool = self.client.connection_pool
-        connection = pool.get_connection()
-        try:
-            yield connection
-        except BaseException:
-            connection.disconnect()  # unread replies must not answer the next caller's command
-            raise
-        finally:
-            pool.release(connection)
+    def _connection(self) -> contextlib.AbstractContextManager[redis.Connection]:
+        return self._connections.connection(self.client.connection_pool)
 
 
 @dataclass(frozen=True)
