@@ -1,16 +1,17 @@
 """Redis implementation of the online store (see keys.py for the layout).
 
 Writes go out as one request per batch, one server-side script call per 500 (entity, horizon)
-slots: the script replaces a slot only when the incoming window ends at or after the stored one, so
-replays, restarts and backfills never overwrite newer values. Inside a batch the newest window per
-slot is picked before anything is sent. The request's bytes are built column by column (a batch
-decoded in bulk, `schemas.bulk`, needs no record objects): every slot of one horizon has the same
-field names, so its arguments are one fixed template with the values copied in, where redis-py's
-pipeline encoded each of twenty arguments per slot in Python.
+slots: the script (`feature_store.newest_wins`) replaces a slot only when the incoming window ends
+at or after the stored one, so replays, restarts and backfills never overwrite newer values. Inside
+a batch the newest window per slot is picked before anything is sent. The request's bytes are built
+column by column (a batch decoded in bulk, `schemas.bulk`, needs no record objects): every slot of
+one horizon has the same field names, so its arguments are one fixed template with the values
+copied in, where redis-py's pipeline encoded each of twenty arguments per slot in Python.
 
 A tile of a longer horizon goes into its position of the entity's ring (`feature_store.keys`) by a
 second script, which splices it in when it ends at or after the tile there, and raises the horizon's
-progress. A read of such a horizon fetches the ring and adds its tiles up in numpy.
+progress. A read of such a horizon fetches the ring and adds its tiles up in numpy
+(`feature_store.tile_merge`).
 
 Every value is stored as 8 bytes, a little-endian float64: a read turns the replies into a matrix
 with one `np.frombuffer`, where decimal text cost a parse per value, and Redis answers faster too
@@ -296,14 +297,14 @@ class RedisFeatureStore:
                 + bulk_strings([progress_key(self.prefix).encode(), *fields]))
 
     def _round_trip(self, payload: Sequence[bytes], n_replies: int) -> list[Any]:
-        """Pre-encoded commands out on one pooled connection, their `n_replies` replies back (an error
+        """Pre-encoded commands out on this thread's connection, their `n_replies` replies back (an error
         reply as an exception object)."""
         with self._connection() as connection:
             connection.send_packed_command(payload)
             return resp.each_reply(connection, n_replies)
 
     def _round_trip_raw(self, payload: bytes, end: bytes, n_replies: int, size_hint: int) -> memoryview | list[Any]:
-        """Pre-encoded commands ending in `resp.end_marker`'s out on one pooled connection: the bytes
+        """Pre-encoded commands ending in `resp.end_marker`'s out on this thread's connection: the bytes
         back through `end` (about `size_hint`; a view of this thread's receive buffer, valid until its
         next read), or where the socket is out of reach, the `n_replies` replies."""
         with self._connection() as connection:
