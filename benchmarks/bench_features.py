@@ -415,7 +415,9 @@ def reads(settings: Settings, n_entities: int = 20_000) -> None:
     """One caller, then four concurrent callers (threads sharing the store), each reading batches of
     users drawn at random, against redis-benchmark with its default 50 connections and with one,
     pipelining as deep as the batch: the same HMGET of random users among the same ones (`-r`, ratio_*),
-    and of one user over and over (same_key_*, as hot in Redis's caches as a read can be)."""
+    and of one user over and over (same_key_*, as hot in Redis's caches as a read can be). Then four
+    callers as processes with a store each (`..._callers4_processes`): threads share one GIL, which
+    four busy readers saturate, so processes are how a server gets more reads out of more cores."""
     s = isolated(settings)
     store = RedisFeatureStore.from_settings(s.redis, s.flink)
     now = int(time.time() * 1000)
@@ -436,11 +438,13 @@ def reads(settings: Settings, n_entities: int = 20_000) -> None:
             reference[f"c{clients}"] = _redis_benchmark(port, f"{prefix}u__rand_int__", fields, batch, clients,
                                                         n_entities)
             reference[f"same_key_c{clients}"] = _redis_benchmark(port, prefix + ids[1], fields, batch, clients)
-        for callers in (1, 4):
-            rate, done = _read_rate(store, shuffled, names, batch, callers)
+        for callers, processes in ((1, False), (4, False), (4, True)):
+            rate, done = (_read_rate_in_processes(s, shuffled, names, batch, callers) if processes else
+                          _read_rate(store, shuffled, names, batch, callers))
             extra = {f"redis_benchmark_{c}": ref for c, ref in reference.items() if ref is not None}
             extra.update({f"ratio_{c}": round(rate / ref, 3) for c, ref in reference.items() if ref})
-            emit("features", f"reads_entities_per_s_batch{batch}_callers{callers}", rate, "entities/s", done, **extra)
+            emit("features", f"reads_entities_per_s_batch{batch}_callers{callers}{'_processes' * processes}", rate,
+                 "entities/s", done, **extra)
 
 
 def distinct_reads(settings: Settings, n_entities: int = 2_000, batch: int = 100) -> None:
@@ -485,6 +489,38 @@ def _read_rate(store: RedisFeatureStore, ids: list[str], names: list[str], batch
     for th in threads:
         th.join()
     return sum(counts) / (time.perf_counter() - began), sum(counts)
+
+
+def _read_rate_in_processes(settings: Settings, ids: list[str], names: list[str], batch: int, callers: int,
+                            seconds: float = 3.0) -> tuple[float, int]:
+    """As `_read_rate`, each caller a process with a store of its own; they start reading together,
+    after their imports, and their rates add up."""
+    context = multiprocessing.get_context("spawn")  # librdkafka threads do not survive a fork
+    done, start = context.Queue(), context.Barrier(callers)
+    workers = [context.Process(target=_caller_process,
+                               args=(settings, ids, names, batch, k, callers, seconds, start, done))
+               for k in range(callers)]
+    for worker in workers:
+        worker.start()
+    results = [done.get(timeout=seconds + 300) for _ in workers]
+    for worker in workers:
+        worker.join(timeout=30)
+    if any(worker.exitcode != 0 for worker in workers):
+        raise RuntimeError(f"a reading process failed: exit codes {[w.exitcode for w in workers]}")
+    return sum(rate for rate, _ in results), sum(n for _, n in results)
+
+
+def _caller_process(settings: Settings, ids: list[str], names: list[str], batch: int, k: int, callers: int,
+                    seconds: float, start: Any, done: Any) -> None:
+    store = RedisFeatureStore.from_settings(settings.redis, settings.flink)
+    store.get_online_features("user", ids[:batch], names)  # connected, and the read plan built
+    start.wait(timeout=300)
+    count, began = 0, time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        for first in range(k * batch, len(ids), batch * callers):
+            store.get_online_features("user", ids[first:first + batch], names)
+            count += len(ids[first:first + batch])
+    done.put((count / (time.perf_counter() - began), count))
 
 
 def _redis_benchmark(port: str, key: str, fields: list[str], pipeline: int, clients: int,
