@@ -478,10 +478,7 @@ def _read_rate(store: RedisFeatureStore, ids: list[str], names: list[str], batch
     began = time.perf_counter()
 
     def caller(k: int) -> None:
-        while time.perf_counter() - began < seconds:
-            for start in range(k * batch, len(ids), batch * callers):
-                store.get_online_features("user", ids[start:start + batch], names)
-                counts[k] += len(ids[start:start + batch])
+        counts[k] = _read_share(store, ids, names, batch, k, callers, began + seconds)
 
     threads = [threading.Thread(target=caller, args=(k,)) for k in range(callers)]
     for th in threads:
@@ -515,12 +512,21 @@ def _caller_process(settings: Settings, ids: list[str], names: list[str], batch:
     store = RedisFeatureStore.from_settings(settings.redis, settings.flink)
     store.get_online_features("user", ids[:batch], names)  # connected, and the read plan built
     start.wait(timeout=300)
-    count, began = 0, time.perf_counter()
-    while time.perf_counter() - began < seconds:
+    began = time.perf_counter()
+    count = _read_share(store, ids, names, batch, k, callers, began + seconds)
+    done.put((count / (time.perf_counter() - began), count))
+
+
+def _read_share(store: RedisFeatureStore, ids: list[str], names: list[str], batch: int, k: int, callers: int,
+                until: float) -> int:
+    """Caller k of `callers` reads its share of `ids` in batches, over and over until `until`
+    (perf_counter); returns the entities it read."""
+    count = 0
+    while time.perf_counter() < until:
         for first in range(k * batch, len(ids), batch * callers):
             store.get_online_features("user", ids[first:first + batch], names)
             count += len(ids[first:first + batch])
-    done.put((count / (time.perf_counter() - began), count))
+    return count
 
 
 def _redis_benchmark(port: str, key: str, fields: list[str], pipeline: int, clients: int,
