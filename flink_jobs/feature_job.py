@@ -50,9 +50,11 @@ def feature_queries(f: FlinkSettings) -> list[str]:
     """The features topic's window queries: the base window per user, item and pair, and each longer
     horizon's tiles per user and item. User-item pairs get the base window only: their long horizons
     would multiply the output rows."""
-    windows = [(f.window_s, f.window_s), *((h, f.hop_s(h)) for h in f.horizons_s or HORIZONS_S)]
-    queries = [window_sql(entity, horizon, tile, f.distinct_sketch_size)
-               for entity in ("user", "item") for horizon, tile in windows]
+    tiles: dict[int, list[int]] = {f.window_s: [f.window_s]}  # tile length -> the horizons made of it
+    for h in f.horizons_s or HORIZONS_S:
+        tiles.setdefault(f.hop_s(h), []).append(h)
+    queries = [window_sql(entity, horizons, tile, f.distinct_sketch_size)
+               for entity in ("user", "item") for tile, horizons in tiles.items()]
     return [*queries, window_sql("user_item", f.window_s, f.window_s)]
 
 

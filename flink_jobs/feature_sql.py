@@ -8,9 +8,14 @@ True
 (False, True)
 >>> "RTREC_SMALLEST_HASHES(user_id, 64)" in window_sql("item", 600, 30, 64), NO_HASHES in window_sql("item", 3, 3, 64)
 (True, True)
+>>> shared = window_sql("user", (3, 60), 3, 64)  # the base window and the 60 s horizon's tiles: one aggregation
+>>> shared.count("GROUP BY"), "UNNEST(t.horizons)" in shared, "WHEN h.horizon_s > 3 THEN counterpart_hashes" in shared
+(1, True, True)
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from feature_store.keys import pair_id_sql
 from flink_jobs.ddl import header_literal, quote
@@ -52,40 +57,61 @@ def tumble_table(size_s: int, source: str = "events") -> str:
     return f"TUMBLE(TABLE {source}, DESCRIPTOR(event_time), {interval(size_s)})"
 
 
-def window_sql(entity_type: str, horizon_s: int, tile_s: int, sketch_size: int = 0) -> str:
-    """One FeatureRecord row per entity and tumbling window of `tile_s`; the `headers` column carries the
-    schema id. With `tile_s` shorter than `horizon_s` the row is a tile of that horizon: the online store
-    adds a horizon's tiles up when it is read (a hopping window would emit every key once per slide), and
-    a user's or item's tile carries the `sketch_size` smallest hashes of its counterparts, which merge
-    into the horizon's distinct count."""
+def tile_aggregate_sql(entity_type: str, tile_s: int, sketch_size: int = 0, horizons: Sequence[int] = ()) -> str:
+    """Per entity and tumbling window of `tile_s`: the counts and sums of its events, with `sketch_size`
+    the sketch of its counterparts, and with `horizons` those horizons as an array column (a constant,
+    which UNNEST then turns into a row per horizon without a join)."""
     key = ENTITY_KEYS[entity_type]
-    impressions, clicks = _count("impression"), _count("click")
-    dwell_n = "COUNT(dwell_ms)"
     counterparts = (f"COUNT(DISTINCT {COUNTERPART[entity_type]})" if entity_type in COUNTERPART else "1")
     hashes = (f"{SMALLEST_HASHES}({COUNTERPART[entity_type]}, {int(sketch_size)})"
-              if entity_type in COUNTERPART and tile_s < horizon_s and sketch_size > 0 else NO_HASHES)
-    return f"""SELECT
-  CAST({key} AS BYTES) AS entity_id_key,
-  {quote(entity_type)} AS entity_type,
-  {key} AS entity_id,
-  CAST({horizon_s} AS INT) AS horizon_s,
-  window_start,
-  window_end,
-  {impressions} AS impressions,
-  {clicks} AS clicks,
-  {_count('like')} AS likes,
-  {_count('cart')} AS carts,
-  {_count('order')} AS orders,
-  CASE WHEN {impressions} > 0 THEN CAST({clicks} AS DOUBLE) / {impressions} ELSE 0.0 END AS ctr,
-  CAST(COALESCE(SUM(dwell_ms), 0) AS BIGINT) AS dwell_sum_ms,
-  CASE WHEN {dwell_n} > 0 THEN CAST(SUM(dwell_ms) AS DOUBLE) / {dwell_n} ELSE 0.0 END AS dwell_mean_ms,
-  CAST({counterparts} AS BIGINT) AS distinct_counterparts,
-  {NO_RECENT},
-  CAST({dwell_n} AS BIGINT) AS dwell_count,
-  {hashes} AS counterpart_hashes,
-  {header_literal('FeatureRecord')} AS headers
+              if entity_type in COUNTERPART and sketch_size > 0 else NO_HASHES)
+    listed = f", ARRAY[{', '.join(f'CAST({h} AS INT)' for h in horizons)}] AS horizons" if horizons else ""
+    return f"""SELECT {key} AS entity_id, window_start, window_end,
+  {_count('impression')} AS impressions, {_count('click')} AS clicks, {_count('like')} AS likes,
+  {_count('cart')} AS carts, {_count('order')} AS orders,
+  CAST(COALESCE(SUM(dwell_ms), 0) AS BIGINT) AS dwell_sum_ms, CAST(COUNT(dwell_ms) AS BIGINT) AS dwell_count,
+  CAST({counterparts} AS BIGINT) AS distinct_counterparts, {hashes} AS counterpart_hashes{listed}
 FROM TABLE({tumble_table(tile_s)})
 GROUP BY window_start, window_end, {key}"""
+
+
+def window_sql(entity_type: str, horizon_s: int | Sequence[int], tile_s: int, sketch_size: int = 0) -> str:
+    """One FeatureRecord row per entity, tumbling window of `tile_s` and horizon; the `headers` column
+    carries the schema id. With `tile_s` shorter than a horizon the row is a tile of that horizon: the
+    online store adds a horizon's tiles up when it is read (a hopping window would emit every key once
+    per slide), and a user's or item's tile carries the `sketch_size` smallest hashes of its
+    counterparts, which merge into the horizon's distinct count. Several horizons of one tile length
+    (the base window among them) share one aggregation, which emits a row per horizon."""
+    horizons = (horizon_s,) if isinstance(horizon_s, int) else tuple(horizon_s)
+    tiled = [h for h in horizons if tile_s < h]
+    if len(horizons) == 1:
+        horizon, rows = f"CAST({horizons[0]} AS INT)", ""
+        hashes = "counterpart_hashes" if tiled else NO_HASHES
+    else:  # an UNNEST of literals alone is planned as a regular join, which keeps every row in state
+        horizon = "h.horizon_s"
+        rows = " AS t CROSS JOIN UNNEST(t.horizons) AS h (horizon_s)"
+        hashes = f"CASE WHEN h.horizon_s > {int(tile_s)} THEN counterpart_hashes ELSE {NO_HASHES} END"
+    return f"""SELECT
+  CAST(entity_id AS BYTES) AS entity_id_key,
+  {quote(entity_type)} AS entity_type,
+  entity_id,
+  {horizon} AS horizon_s,
+  window_start,
+  window_end,
+  impressions,
+  clicks,
+  likes,
+  carts,
+  orders,
+  CASE WHEN impressions > 0 THEN CAST(clicks AS DOUBLE) / impressions ELSE 0.0 END AS ctr,
+  dwell_sum_ms,
+  CASE WHEN dwell_count > 0 THEN CAST(dwell_sum_ms AS DOUBLE) / dwell_count ELSE 0.0 END AS dwell_mean_ms,
+  distinct_counterparts,
+  {NO_RECENT},
+  dwell_count,
+  {hashes} AS counterpart_hashes,
+  {header_literal('FeatureRecord')} AS headers
+FROM ({tile_aggregate_sql(entity_type, tile_s, sketch_size if tiled else 0, horizons if rows else ())}){rows}"""
 
 
 def decoded_view_sql(source: str, decode_udf: str, decode_args: str) -> str:

@@ -39,6 +39,16 @@ def test_the_windows_aggregate_in_one_phase_unless_flink_config_says_otherwise(s
     assert "LocalWindowAggregate" in build_job(auto, table_environment(auto)).explain()
 
 
+def test_the_base_window_and_the_tiles_of_its_length_share_one_aggregation(settings: Settings) -> None:
+    """Per user and item: one aggregation for the 3 s window and the 60 s horizon's 3 s tiles, one for
+    the 600 s horizon's 30 s tiles; the pairs' one makes five. Their rows per horizon come from an
+    UNNEST, never from a regular join (which would keep every window's row in state)."""
+    plan = build_job(settings, table_environment(settings), with_samples=False).explain()
+    optimized = plan.split("== Optimized Execution Plan ==")[1]
+    assert optimized.count("WindowAggregate(") == 5
+    assert "Correlate(" in optimized and "Join(" not in optimized
+
+
 def test_a_checkpoint_of_another_plan_ends_the_start_with_its_cause(settings: Settings, tmp_path: Path) -> None:
     """A checkpoint of the two-phase plan (an earlier build's) does not restore into the one-phase plan:
     the start fails with what to do, and `features run` exits 1 with it, no traceback."""
