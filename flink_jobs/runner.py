@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from core.kafka import ensure_topics
 from core.log_range import LogRange
 from core.settings import Settings
 from flink_jobs.access import check_job_acls
@@ -60,8 +61,14 @@ def start_job(settings: Settings, resume: bool = True, log_range: LogRange | Non
     """Submits the job to the embedded mini-cluster and returns its TableResult (the job runs on).
 
     Without `log_range` the job runs live from the group's offsets; with one it reads that range and ends.
-    A missing Kafka ACL raises KafkaAuthorizationError before anything starts."""
+    A missing Kafka ACL raises KafkaAuthorizationError before anything starts; the topics it reads and
+    writes are created when they do not exist yet."""
     check_job_acls(settings.kafka, with_samples=with_samples)
+    k = settings.kafka
+    # on a topic that does not exist yet the job restarts on UnknownTopicOrPartition until it gives up
+    ensure_topics(k.bootstrap_servers, [k.topics.events, k.topics.features, k.topics.dead_letter,
+                                        *([k.topics.samples] if with_samples else [])], k.partitions,
+                  security=k.security.librdkafka())
     t_env = table_environment(settings, streaming=streaming)
     if log_range is not None:
         # A bounded replay runs hours of event time per second: a partition that pauses for the idle

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
 
 from core.settings import Settings
 from tests.flink_jobs.harness import T, create_topics, event, job_settings, produce, running_job, wait_for
@@ -83,3 +84,20 @@ def test_exact_windows_out_of_order_late_and_malformed(settings: Settings) -> No
     assert any(r.startswith("late: event_time 1700000000000") for r in reasons), reasons
     assert any(r.startswith("unknown schema InteractionEvent:0000000000000000") for r in reasons), reasons
     assert all(d["stage"] == "feature-job" and d["source_topic"] == s.kafka.topics.events for d in dead.records)
+
+
+def test_the_job_creates_the_topics_it_reads_and_writes(settings: Settings) -> None:
+    """On a broker where nothing has created them yet (the job used to restart on UnknownTopicOrPartition
+    until it gave up)."""
+    s = job_settings(settings)
+    k = s.kafka
+    wanted = {k.topics.events, k.topics.features, k.topics.samples, k.topics.dead_letter}
+    admin = AdminClient({"bootstrap.servers": k.bootstrap_servers})
+    assert not wanted & set(admin.list_topics(timeout=10).topics)
+    with running_job(s):
+        assert wanted <= set(admin.list_topics(timeout=10).topics)
+        produce(s, [event("e1", "impression", "u1", "i1", 100), event("e2", "impression", "u2", "i2", 9000)])
+        got = wait_for(s, k.topics.features, "FeatureRecord",
+                       lambda got: any(r["entity_id"] == "u1" and r["horizon_s"] == 3 for r in got.records))
+    u1 = by_key(got.records)[("user", "u1", 3, 0)]
+    assert (u1["impressions"], u1["clicks"]) == (1, 0)
