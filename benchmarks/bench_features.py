@@ -5,7 +5,7 @@
   over the same pre-produced events; job start-up, measured on an empty range, is subtracted);
 - loader: windowed rows/s from the features topic into Redis;
 - freshness: window close (window end + watermark delay) -> readable in Redis, p50/p99, live; the
-  users' recent lists apart (they come through the samples' source, held back one window by design);
+  users' recent lists apart (they come through the samples' source, held back 1.5 windows by design);
 - reads: entities/s through get_online_features (batches of 100 and 1000 users drawn at random)
   against redis-benchmark's pipelined HMGET rate for the same command shape, of random users and of
   one user; then reads of distinct counterparts over the tiled horizons (merged from the tiles'
@@ -382,7 +382,7 @@ def freshness(settings: Settings, seconds: float, rate: float, checkpoint_ms: in
     if not measured:
         return
     # only windows that closed while events flowed (the last ones close on the next events, never here);
-    # the recent lists apart: they come through the samples' source, held back one base window by design
+    # the recent lists apart: they come through the samples' source, held back 1.5 base windows by design
     fresh = Freshness.of(results[0].latencies_ms, results[0].horizons_s, s.flink.watermark_delay_ms)
     case = f"checkpoint_{checkpoint_ms}ms_{isolation}" + ("_with_samples" if with_samples else "")
     for what, close in (("", fresh.windows_ms), ("recent_lists_", fresh.recent_lists_ms)):

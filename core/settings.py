@@ -417,6 +417,19 @@ class FlinkSettings(Section):
         return self.horizon_slides_s.get(horizon_s, self.window_s)
 
     @property
+    def samples_hold_back_ms(self) -> int:
+        """How far the samples' watermark trails the features' (flink_jobs/feature_job.py): one base
+        window, so that every event the features count is ahead of it, and half a window more, so that
+        the samples' windows close between the features' rather than at the same moments. In step, both
+        bursts of closing windows fell on the same instants and delayed the features' windows (README
+        "Freshness").
+
+        >>> FlinkSettings().samples_hold_back_ms
+        4500
+        """
+        return self.window_s * 1500
+
+    @property
     def samples_group_id(self) -> str:
         """The consumer group of the job's second source, the samples' (flink_jobs/feature_job.py)."""
         return f"{self.group_id}-samples"

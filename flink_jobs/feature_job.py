@@ -128,14 +128,15 @@ def add_samples(settings: Settings, t_env: TableEnvironment, statements: Stateme
     tests/flink_jobs/test_quiet_period.py). Without idleness a quiet partition delays the samples (never
     the features, whose source keeps its idle timeout) and loses nothing.
 
-    Their watermark is held back one base window more than the features'. An event the features count
-    (its window still open) can be up to a window behind their watermark, and the lists' OVER aggregate
-    and the joins drop what is behind theirs (measured: tests/flink_jobs/test_samples.py, an engagement
-    missing from the lists while its window counted it). Held back, everything the features count is
-    ahead of the samples' watermark, and late is judged the same way in both."""
+    Their watermark is held back one and a half base windows more than the features'
+    (`flink.samples_hold_back_ms`). An event the features count (its window still open) can be up to a
+    window behind their watermark, and the lists' OVER aggregate and the joins drop what is behind theirs
+    (measured: tests/flink_jobs/test_samples.py, an engagement missing from the lists while its window
+    counted it). Held back, everything the features count is ahead of the samples' watermark, and late is
+    judged the same way in both. The half window puts the samples' window closes between the features'."""
     k, f = settings.kafka, settings.flink
     add_events_source(settings, t_env, "sample_events", f.samples_group_id, log_range,
-                      {"scan.watermark.idle-timeout": "0 ms"}, held_back_ms=f.window_s * 1000)
+                      {"scan.watermark.idle-timeout": "0 ms"}, held_back_ms=f.samples_hold_back_ms)
     t_env.create_temporary_view("impressions", t_env.sql_query(impressions_sql("sample_events")))
     t_env.create_temporary_view("engagements", t_env.sql_query(engagements_sql("sample_events")))
     t_env.create_java_temporary_system_function("RTREC_RECENT_ENGAGEMENTS", "dev.rtrec.flink.RecentEngagements")

@@ -149,9 +149,9 @@ def run_demo(base: Settings, seconds: float, rate: float, say: Callable[[str], N
 
 def _label_delay_s(s: Settings) -> float:
     """How far the samples' watermark trails the newest event: a sample is written once it is past the
-    impression by the attribution window, its tumbling window and the hold-back (one base window each)."""
+    impression by the attribution window, its tumbling window and the samples' hold-back."""
     f = s.flink
-    return f.attribution_window_s + 2 * f.window_s + f.watermark_delay_ms / 1000
+    return f.attribution_window_s + f.window_s + (f.samples_hold_back_ms + f.watermark_delay_ms) / 1000
 
 
 def _wait_for_trainer(trainer: TrainerProcess, say: Callable[[str], None], quiet_s: float = 10.0,

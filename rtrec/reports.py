@@ -18,8 +18,8 @@ from gpu_trainer.snapshots import SnapshotStore
 class Freshness:
     """Window close (its end plus the watermark delay, when the watermark lets it close) -> readable in
     Redis, in ms per feature record, apart for the windows' aggregates and for the users' recent lists
-    (horizon 0). The lists come through the samples' source, whose watermark is held back one base
-    window more, so they reach Redis at least that much later by design.
+    (horizon 0). The lists come through the samples' source, whose watermark is held back one and a
+    half base windows more, so they reach Redis at least that much later by design.
 
     >>> f = Freshness.of([2500, 2600, 5900], [3, 60, 0], watermark_delay_ms=2000)
     >>> f.windows_ms.tolist(), f.recent_lists_ms.tolist()
@@ -125,7 +125,7 @@ def demo_plots(comparison: Comparison | None, freshness: Freshness, out_dir: Pat
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(8, 4))
     parts = [(name, ms / 1000.0) for name, ms in (("windows", freshness.windows_ms),
-                                                    ("recent lists (held back one window)", freshness.recent_lists_ms))
+                                                    ("recent lists (held back 1.5 windows)", freshness.recent_lists_ms))
              if len(ms)]
     if parts:
         edges = np.histogram_bin_edges(np.concatenate([s for _, s in parts]), bins=50)

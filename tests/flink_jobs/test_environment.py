@@ -3,6 +3,7 @@ checkpoint of another plan is refused with its cause."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -47,6 +48,19 @@ def test_the_base_window_and_the_tiles_of_its_length_share_one_aggregation(setti
     optimized = plan.split("== Optimized Execution Plan ==")[1]
     assert optimized.count("WindowAggregate(") == 5
     assert "Correlate(" in optimized and "Join(" not in optimized
+
+
+def test_the_samples_windows_close_half_a_base_window_after_the_features(settings: Settings) -> None:
+    """The samples' source trails the features' by one base window (what the features count is never
+    behind it) and half a window more, so the two sets of windows close at different moments."""
+    plan = build_job(settings, table_environment(settings)).explain()
+    optimized = plan.split("== Optimized Execution Plan ==")[1]
+    delays = dict(re.findall(r"TableSourceScan\(table=\[\[default_catalog, default_database, (\w+),"
+                             r".*?watermark=\[-\(.*?, (\d+):INTERVAL SECOND\(\d\)\)\]", optimized))
+    assert delays == {"events_raw": str(settings.flink.watermark_delay_ms),
+                      "sample_events_raw": str(settings.flink.watermark_delay_ms + 4500)}
+    held_back = int(delays["sample_events_raw"]) - int(delays["events_raw"])
+    assert held_back >= settings.flink.window_s * 1000 and held_back % (settings.flink.window_s * 1000) != 0
 
 
 def test_a_checkpoint_of_another_plan_ends_the_start_with_its_cause(settings: Settings, tmp_path: Path) -> None:

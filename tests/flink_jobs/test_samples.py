@@ -153,21 +153,22 @@ def test_an_engagement_behind_the_watermark_in_an_open_window_reaches_windows_an
 
 
 def test_a_users_list_is_forgotten_after_the_state_ttl_without_their_events(settings: Settings) -> None:
-    """flink.state_ttl_s reaches the lists' state: u1's click is 7 s of event time before their
+    """flink.state_ttl_s reaches the lists' state: u1's click is 8 s of event time before their
     impression (inside the 10 s lookback) but 18 s of processing time, past the 10 s TTL (Flink frees
     such state between 1 and 1.5 TTLs). u2, whose click came after the pause, keeps theirs."""
     s = job_settings(settings, horizons_s=None, attribution_window_s=5, history_length=3, history_lookback_s=10,
                      state_ttl_s=10)
     create_topics(s)
     with running_job(s):
-        # 7000 - 2000 - 3000: the samples' watermark passes u1's click, so its list version is in state
-        produce(s, [event("c1", "click", "u1", "i1", 1000), event("x", "impression", "u3", "i3", 7000)])
+        # 8500 - 2000 - 4500 (delay, hold-back): the samples' watermark passes u1's click, so its list
+        # version is in state
+        produce(s, [event("c1", "click", "u1", "i1", 1000), event("x", "impression", "u3", "i3", 8500)])
         # the job has read them once c1's window is out (the pause must be in the job's processing time)
         wait_for(s, s.kafka.topics.features, "FeatureRecord", lambda got: any(
             r["entity_id"] == "u1" for r in got.records), isolation_level="read_uncommitted")
         time.sleep(18.0)
-        produce(s, [event("c2", "click", "u2", "i2", 5500), event("imp1", "impression", "u1", "i9", 8000),
-                    event("imp2", "impression", "u2", "i9", 8000),
+        produce(s, [event("c2", "click", "u2", "i2", 6500), event("imp1", "impression", "u1", "i9", 9000),
+                    event("imp2", "impression", "u2", "i9", 9000),
                     event("flush", "impression", "u9", "i9", 120_000)])
         got = wait_for(s, s.kafka.topics.samples, "TrainingSample",
                        lambda got: {"imp1", "imp2"} <= {r["sample_id"] for r in got.records})
