@@ -83,8 +83,9 @@ def window_sql(entity_type: str, horizon_s: int | Sequence[int], tile_s: int, sk
     counterparts, which merge into the horizon's distinct count. Several horizons of one tile length
     (the base window among them) share one aggregation, which emits a row per horizon."""
     horizons = (horizon_s,) if isinstance(horizon_s, int) else tuple(horizon_s)
-    tiled = [h for h in horizons if tile_s < h]
-    if len(horizons) == 1:
+    tiled = any(tile_s < h for h in horizons)
+    shared = len(horizons) > 1
+    if not shared:
         horizon, rows = f"CAST({horizons[0]} AS INT)", ""
         hashes = "counterpart_hashes" if tiled else NO_HASHES
     else:  # an UNNEST of literals alone is planned as a regular join, which keeps every row in state
@@ -111,7 +112,7 @@ def window_sql(entity_type: str, horizon_s: int | Sequence[int], tile_s: int, sk
   dwell_count,
   {hashes} AS counterpart_hashes,
   {header_literal('FeatureRecord')} AS headers
-FROM ({tile_aggregate_sql(entity_type, tile_s, sketch_size if tiled else 0, horizons if rows else ())}){rows}"""
+FROM ({tile_aggregate_sql(entity_type, tile_s, sketch_size if tiled else 0, horizons if shared else ())}){rows}"""
 
 
 def decoded_view_sql(source: str, decode_udf: str, decode_args: str) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from core.kafka import ensure_topics
 from core.log_range import LogRange
 from core.settings import Settings
-from flink_jobs.access import check_job_acls
+from flink_jobs.access import check_job_acls, job_topic_needs
 from flink_jobs.environment import table_environment
 from flink_jobs.feature_job import build_job
 
@@ -63,11 +63,10 @@ def start_job(settings: Settings, resume: bool = True, log_range: LogRange | Non
     Without `log_range` the job runs live from the group's offsets; with one it reads that range and ends.
     A missing Kafka ACL raises KafkaAuthorizationError before anything starts; the topics it reads and
     writes are created when they do not exist yet."""
-    check_job_acls(settings.kafka, with_samples=with_samples)
     k = settings.kafka
+    check_job_acls(k, with_samples=with_samples)
     # on a topic that does not exist yet the job restarts on UnknownTopicOrPartition until it gives up
-    ensure_topics(k.bootstrap_servers, [k.topics.events, k.topics.features, k.topics.dead_letter,
-                                        *([k.topics.samples] if with_samples else [])], k.partitions,
+    ensure_topics(k.bootstrap_servers, list(job_topic_needs(k, with_samples)), k.partitions,
                   security=k.security.librdkafka())
     t_env = table_environment(settings, streaming=streaming)
     if log_range is not None:
