@@ -38,6 +38,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 
 from benchmarks.bench_trainer import services
 from benchmarks.common import emit
+from benchmarks.run_data import remove_runs, tracked
 from core.kafka import consumer_config, ensure_topics, producer_config
 from core.log_range import Earliest, Latest, LogRange
 from core.settings import Settings, load_settings
@@ -58,9 +59,10 @@ OUT = Path(__file__).parent / "out"
 
 
 def isolated(settings: Settings, **flink: object) -> Settings:
-    s = settings.namespaced(f"bf{uuid.uuid4().hex[:8]}")
-    return s.model_copy(update={"flink": s.flink.model_copy(update={"checkpoint_dir": Path(tempfile.mkdtemp()),
-                                                                    **flink})})
+    run_id, checkpoints = f"bf{uuid.uuid4().hex[:8]}", Path(tempfile.mkdtemp())
+    s = settings.namespaced(run_id)
+    return tracked(s.model_copy(update={"flink": s.flink.model_copy(update={"checkpoint_dir": checkpoints, **flink})}),
+                   run_id, checkpoints)
 
 
 def on_session_cluster(s: Settings, jobmanager: str) -> Settings:
@@ -379,6 +381,7 @@ def freshness(settings: Settings, seconds: float, rate: float, checkpoint_ms: in
     stop.set()
     loader.join()
     job.get_job_client().cancel().result()
+    remove_runs()  # each run starts on the services as the one before found them
     if not measured:
         return
     # only windows that closed while events flowed (the last ones close on the next events, never here);

@@ -23,6 +23,7 @@ import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from benchmarks.common import emit
+from benchmarks.run_data import remove_runs, tracked
 from core.kafka import producer_config
 from core.settings import Settings, TrainerSettings, load_settings
 from gpu_trainer.batch import Columns
@@ -75,15 +76,23 @@ def shadow_cost(variant_sets: list[tuple[str, ...]], bs: int, seconds: float) ->
 
 @contextlib.contextmanager
 def services(settings: Settings, own: bool) -> Iterator[Settings]:
+    """The configured services, or (`own`) fresh ones for the benchmark; on the configured ones, the
+    isolated runs' data is removed at the end (benchmarks.run_data), on fresh ones it goes with them."""
     if not own:
-        yield settings
+        try:
+            yield settings
+        finally:
+            remove_runs()
         return
     from tests.infra import local_processes
 
     with tempfile.TemporaryDirectory() as tmp, local_processes(Path(tmp)) as ep:
-        yield settings.model_copy(update={
-            "kafka": settings.kafka.model_copy(update={"bootstrap_servers": ep.kafka_bootstrap}),
-            "redis": settings.redis.model_copy(update={"url": ep.redis_url})})
+        try:
+            yield settings.model_copy(update={
+                "kafka": settings.kafka.model_copy(update={"bootstrap_servers": ep.kafka_bootstrap}),
+                "redis": settings.redis.model_copy(update={"url": ep.redis_url})})
+        finally:
+            remove_runs(on_services=False)
 
 
 def sample_positions(bootstrap: str, topic: str) -> list[tuple[int, int, int]]:
@@ -105,9 +114,10 @@ def sample_positions(bootstrap: str, topic: str) -> list[tuple[int, int, int]]:
 
 
 def isolated(settings: Settings, **trainer: object) -> Settings:
-    s = settings.namespaced(f"bench{uuid.uuid4().hex[:8]}")
-    return s.model_copy(update={"trainer": s.trainer.model_copy(update={"snapshot_dir": Path(tempfile.mkdtemp()),
-                                                                        **trainer})})
+    run_id, snapshots = f"bench{uuid.uuid4().hex[:8]}", Path(tempfile.mkdtemp())
+    s = settings.namespaced(run_id)
+    trainer_settings = s.trainer.model_copy(update={"snapshot_dir": snapshots, **trainer})
+    return tracked(s.model_copy(update={"trainer": trainer_settings}), run_id, snapshots)
 
 
 # whole batches of 4,096: a last partial batch would wait out the batch timeout, which a live stream never does
