@@ -15,9 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from core.kafka import delete_topics
 from core.settings import Settings
+from feature_store.redis_store import RedisFeatureStore
 
 
 @dataclass(frozen=True)
@@ -56,23 +59,13 @@ def remove_runs(on_services: bool = True) -> None:
             shutil.rmtree(run.directory, ignore_errors=True)
         if not on_services:
             continue
-        s = run.settings
-        topics, keys = 0, 0
-        with contextlib.suppress(Exception):
-            admin = AdminClient({"bootstrap.servers": s.kafka.bootstrap_servers, **s.kafka.security.librdkafka()})
+        s, k = run.settings, run.settings.kafka
+        topics, keys = "kept", "kept"
+        with contextlib.suppress(KafkaException, RuntimeError):
+            admin = AdminClient({"bootstrap.servers": k.bootstrap_servers, **k.security.librdkafka()})
             names = run_topics(list(admin.list_topics(timeout=10).topics), run.run_id)
-            if names:
-                for future in admin.delete_topics(names, operation_timeout=30).values():
-                    future.result()
-            topics = len(names)
+            failed = delete_topics(k.bootstrap_servers, names, security=k.security.librdkafka())
+            topics = str(len(names) - len(failed))
         with contextlib.suppress(redis.RedisError, OSError):
-            client = redis.Redis.from_url(s.redis.url, **s.redis.connection_kwargs())
-            batch: list[bytes] = []
-            for key in client.scan_iter(f"{s.redis.key_prefix}:*", count=10_000):
-                batch.append(key)
-                if len(batch) == 10_000:
-                    keys += client.unlink(*batch)
-                    batch.clear()
-            if batch:
-                keys += client.unlink(*batch)
+            keys = str(RedisFeatureStore.from_settings(s.redis, s.flink).unlink_matching(f"{s.redis.key_prefix}:*"))
         print(f"removed run {run.run_id}: {topics} topics, {keys} Redis keys", file=sys.stderr, flush=True)

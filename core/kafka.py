@@ -41,6 +41,24 @@ def ensure_topics(bootstrap: str, topics: Iterable[str], partitions: int = 2, ti
                 raise RuntimeError(f"cannot create topic {topic}: {exc}") from exc
 
 
+def delete_topics(bootstrap: str, topics: Iterable[str], timeout_s: float = 30.0,
+                  security: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Deletes `topics` (a topic already gone counts as deleted); returns the reason per topic that
+    could not be deleted, so that one failure does not keep the others."""
+    names = list(topics)
+    if not names:
+        return {}
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(security or {})})
+    failed = {}
+    for topic, future in admin.delete_topics(names, operation_timeout=timeout_s).items():
+        try:
+            future.result(timeout=timeout_s)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                failed[topic] = str(exc)
+    return failed
+
+
 def denied_topic_operations(bootstrap: str, needs: Mapping[str, Iterable[str]], timeout_s: float = 15.0,
                             security: Mapping[str, str] | None = None) -> dict[str, list[str]]:
     """Of the operations `needs` names per topic (READ, WRITE, ...), those the brokers say this client's

@@ -97,6 +97,19 @@ class RedisFeatureStore:
             self._client = redis.Redis.from_url(self.url, **self.connection)
         return self._client
 
+    def unlink_matching(self, pattern: str, where: Callable[[bytes], bool] | None = None) -> int:
+        """Unlinks the keys matching the glob `pattern` (and `where`, given the key), 10,000 a call;
+        returns how many. For a run's own namespace (`Settings.namespaced`), whose keys would otherwise
+        stay until their TTL."""
+        unlinked, batch = 0, []
+        for key in self.client.scan_iter(pattern, count=10_000):
+            if where is None or where(key):
+                batch.append(key)
+            if len(batch) == 10_000:
+                unlinked += self.client.unlink(*batch)
+                batch.clear()
+        return unlinked + (self.client.unlink(*batch) if batch else 0)
+
     def write_batch(self, records: Sequence[Mapping[str, Any]]) -> int:
         """Writes FeatureRecords (dicts); returns how many slots were replaced."""
         return self.write_columns(FeatureColumns.of_records(records))

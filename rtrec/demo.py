@@ -2,7 +2,7 @@
 features and samples -> Redis + Kafka -> trainer -> snapshots; a summary and two plots.
 
 Each run works in its own namespace (topics, Redis prefix, snapshot and checkpoint dirs) so its
-figures are its own; the previous runs' demo topics and directories are deleted at start.
+figures are its own; the previous runs' demo topics, Redis keys and directories are deleted at start.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
-from core.kafka import ensure_topics
+from core.kafka import delete_topics, ensure_topics
 from core.settings import Settings
 from feature_store.loader import LoaderConfig, LoaderStats, run_loader
 from feature_store.redis_store import RedisFeatureStore
@@ -56,11 +56,17 @@ class DemoResult:
 
 def delete_old_demo_topics(bootstrap: str, security: Mapping[str, str] | None = None) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap, **(security or {})})
-    old = [t for t in admin.list_topics(timeout=10).topics if DEMO_RUN.search(t)]
-    if old:
-        for future in admin.delete_topics(old, operation_timeout=30).values():
-            with contextlib.suppress(Exception):
-                future.result()
+    delete_topics(bootstrap, [t for t in admin.list_topics(timeout=10).topics if DEMO_RUN.search(t)],
+                  security=security)
+
+
+def delete_old_demo_keys(base: Settings) -> int:
+    """The Redis keys of earlier demo runs (each run's key prefix is its own), which would stay until
+    their TTL (a day by default); returns how many were deleted. Left in place, Redis expires them
+    during a later run and rewrites its append-only file with them in it."""
+    own = re.compile(rf"{re.escape(base.redis.key_prefix)}:{DEMO_ID}:".encode())
+    store = RedisFeatureStore.from_settings(base.redis, base.flink)
+    return store.unlink_matching(f"{base.redis.key_prefix}:demo-*", where=lambda key: own.match(key) is not None)
 
 
 def delete_old_demo_dirs(base: Settings) -> list[Path]:
@@ -99,6 +105,7 @@ def run_demo(base: Settings, seconds: float, rate: float, say: Callable[[str], N
     k = s.kafka
     delete_old_demo_topics(k.bootstrap_servers, security=k.security.librdkafka())
     delete_old_demo_dirs(base)
+    delete_old_demo_keys(base)
     ensure_topics(k.bootstrap_servers, list(k.topics.model_dump().values()), k.partitions,
                   security=k.security.librdkafka(), per_topic=k.partitions_of())
     stop = threading.Event()
