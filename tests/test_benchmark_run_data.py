@@ -11,7 +11,7 @@ import redis
 from confluent_kafka.admin import AdminClient
 
 from benchmarks.run_data import remove_runs, tracked
-from core.kafka import ensure_topics
+from core.kafka import delete_topics, ensure_topics
 from core.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -43,6 +43,7 @@ def test_a_runs_topics_keys_and_directory_are_removed_and_another_runs_are_kept(
     while gone & _topics(settings) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not gone & _topics(settings)
+    assert delete_topics(settings.kafka.bootstrap_servers, sorted(gone)) == {}  # already gone: deleted
     assert other.kafka.topics.features in _topics(settings)
     assert list(client.scan_iter(f"{run.redis.key_prefix}:*")) == []
     assert client.hget(f"{other.redis.key_prefix}:f:user:u1", "a") == b"1"
