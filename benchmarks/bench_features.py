@@ -6,6 +6,8 @@
 - loader: windowed rows/s from the features topic into Redis;
 - freshness: window close (window end + watermark delay) -> readable in Redis, p50/p99, live; the
   users' recent lists apart (they come through the samples' source, held back 1.5 windows by design);
+  the windows' part up to the loader (fetched and decoded), and the loader's write time per record,
+  its own CPU and Redis's script time per record beside it;
 - reads: entities/s through get_online_features (batches of 100 and 1000 users drawn at random)
   against redis-benchmark's pipelined HMGET rate for the same command shape, of random users and of
   one user; then reads of distinct counterparts over the tiled horizons (merged from the tiles'
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from benchmarks.bench_trainer import services
@@ -281,6 +284,14 @@ TILE_COUNTERPARTS = {("user", 60): 12, ("user", 600): 100, ("item", 60): 3, ("it
 SKETCH_SIZE = Settings().flink.distinct_sketch_size  # the default job's
 
 
+def _scripts_usec(store: RedisFeatureStore) -> int | None:
+    """Redis's own count of microseconds spent running scripts (every client's), None where INFO is refused."""
+    try:
+        return int(store.client.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0))
+    except redis.ResponseError:
+        return None
+
+
 def loader_record(k: int, t: int) -> dict:
     """A mix like the job's output: users, items and pairs over the three horizons (the longer ones as
     the default job's tiles, a user's or item's with its sketch of counterpart hashes), and one row in
@@ -371,27 +382,41 @@ def freshness(settings: Settings, seconds: float, rate: float, checkpoint_ms: in
                     job_id=f"fresh-{uuid.uuid4().hex[:6]}").execute()
     stop = threading.Event()
     results = []
+    store = RedisFeatureStore(s.redis.url, s.redis.key_prefix, 3600)
+    scripts_before = _scripts_usec(store)
     loader = threading.Thread(target=lambda: results.append(run_loader(
-        LoaderConfig.from_settings(s, isolation_level=isolation),
-        RedisFeatureStore(s.redis.url, s.redis.key_prefix, 3600), should_stop=stop.is_set)))
+        LoaderConfig.from_settings(s, isolation_level=isolation), store, should_stop=stop.is_set)))
     loader.start()
     time.sleep(5)
     produce_synthetic(s, int(rate * seconds), progress=False, live=True)  # event time = wall clock
     time.sleep(8)
     stop.set()
     loader.join()
+    scripts_after = _scripts_usec(store)
     job.get_job_client().cancel().result()
     remove_runs()  # each run starts on the services as the one before found them
     if not measured:
         return
     # only windows that closed while events flowed (the last ones close on the next events, never here);
     # the recent lists apart: they come through the samples' source, held back 1.5 base windows by design
-    fresh = Freshness.of(results[0].latencies_ms, results[0].horizons_s, s.flink.watermark_delay_ms)
+    stats = results[0]
+    fresh = Freshness.of(stats.latencies_ms, stats.horizons_s, s.flink.watermark_delay_ms)
+    # the same windows' close -> handed to the loader: the job's and Kafka's part of the latency
+    received = Freshness.of(stats.received_ms, stats.horizons_s, s.flink.watermark_delay_ms).windows_ms
+    per_record = 1e6 / max(stats.records, 1)
+    # where the loader's time per record goes: its own CPU, and the rest (Redis, waiting for a core)
+    split = {"at_loader_p50": round(float(np.percentile(received, 50)), 1) if len(received) else None,
+             "at_loader_p99": round(float(np.percentile(received, 99)), 1) if len(received) else None,
+             "loader_write_us_per_record": round(stats.write_s * per_record, 1),
+             "loader_write_cpu_us_per_record": round(stats.write_cpu_s * per_record, 1),
+             "redis_scripts_us_per_record": (None if scripts_before is None or scripts_after is None
+                                             else round((scripts_after - scripts_before) / max(stats.records, 1), 1))}
     case = f"checkpoint_{checkpoint_ms}ms_{isolation}" + ("_with_samples" if with_samples else "")
     for what, close in (("", fresh.windows_ms), ("recent_lists_", fresh.recent_lists_ms)):
         if len(close):
             emit("features", f"{what}window_close_to_redis_{case}", float(np.median(close)), "ms", len(close),
-                 p50=round(float(np.percentile(close, 50)), 1), p99=round(float(np.percentile(close, 99)), 1))
+                 p50=round(float(np.percentile(close, 50)), 1), p99=round(float(np.percentile(close, 99)), 1),
+                 **(split if not what else {}))
     OUT.mkdir(exist_ok=True)
     import matplotlib
 
@@ -402,12 +427,16 @@ def freshness(settings: Settings, seconds: float, rate: float, checkpoint_ms: in
     close = fresh.windows_ms
     ax.hist(close / 1000.0, bins=50, label=f"windows: p50 {np.median(close) / 1000:.2f}s, "
                                            f"p99 {np.percentile(close, 99) / 1000:.2f}s")
+    if len(received):
+        ax.hist(received / 1000.0, bins=50, alpha=0.6,
+                label=f"windows at the loader: p50 {np.median(received) / 1000:.2f}s, "
+                      f"p99 {np.percentile(received, 99) / 1000:.2f}s")
     if len(fresh.recent_lists_ms):
         lists = fresh.recent_lists_ms
         ax.hist(lists / 1000.0, bins=50, alpha=0.7, label=f"recent lists: p50 {np.median(lists) / 1000:.2f}s, "
                                                           f"p99 {np.percentile(lists, 99) / 1000:.2f}s")
     ax.legend()
-    ax.set_xlabel("window close -> readable in Redis (s)")
+    ax.set_xlabel("window close -> readable in Redis, or at the loader (s)")
     ax.set_ylabel("feature records")
     ax.set_title(f"checkpoint {checkpoint_ms} ms, loader {isolation}" + (", with samples" if with_samples else ""))
     fig.tight_layout()

@@ -48,6 +48,13 @@ class LoaderStats:
     # in Redis minus its window end, and the record's horizon (0: a user's recent list)
     latencies_ms: deque[int] = field(default_factory=lambda: deque(maxlen=1_000_000))
     horizons_s: deque[int] = field(default_factory=lambda: deque(maxlen=1_000_000))
+    # per record likewise: when its poll handed it to the loader (fetched and decoded) minus its window
+    # end, which splits the latency into the job's and Kafka's part and the loader's and Redis's
+    received_ms: deque[int] = field(default_factory=lambda: deque(maxlen=1_000_000))
+    # time in Redis writes: wall-clock seconds, and the loader thread's own CPU seconds in them (the
+    # rest is Redis's work and waiting for a core)
+    write_s: float = 0.0
+    write_cpu_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -195,12 +202,17 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
     try:
         while not should_stop():
             got = consumer.poll_columns(decoder, {}, max_records=c.batch, timeout_s=c.poll_timeout_s)
+            received_at = int(time.time() * 1000)
             assert got.columns is not None
             batch = FeatureColumns.of_decoded(got.columns)
             if len(batch):  # the same batch is written until it is in Redis: offsets only move after that
+                wall, cpu = time.perf_counter(), time.thread_time()
                 slots = retrying("writing to Redis", functools.partial(store.write_columns, batch),
                                  c.outage_s, on_recovery=back_to_committed, on_retry=retried)
                 readable_at = int(time.time() * 1000)
+                stats.write_s += time.perf_counter() - wall
+                stats.write_cpu_s += time.thread_time() - cpu
+                stats.received_ms.extend((received_at - batch.window_end).tolist())
                 latencies = readable_at - batch.window_end
                 stats.latencies_ms.extend(latencies.tolist())
                 stats.horizons_s.extend(batch.horizon_s.tolist())

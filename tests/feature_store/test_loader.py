@@ -40,6 +40,10 @@ def test_loads_records_dead_letters_the_undecodable_and_commits(settings: Settin
     stats = run_loader(config, store, idle_exit_s=2.0)
 
     assert (stats.records, stats.rejected) == (3, 1)
+    # each record's latency splits at the moment the loader had it: fetched and decoded, then written
+    assert len(stats.received_ms) == len(stats.latencies_ms) == 3
+    assert all(r <= w for r, w in zip(stats.received_ms, stats.latencies_ms, strict=True))
+    assert 0 < stats.write_cpu_s <= stats.write_s
     got = store.get_online_features("user", ["u1", "u2"], ["3s.clicks"])
     assert got.values[:, 0].tolist() == [1.0, 2.0]  # u1's older window did not overwrite the newer one
     dead = read_topic(k.bootstrap_servers, k.topics.dead_letter, "DeadLetter").records
