@@ -209,9 +209,10 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
                 wall, cpu = time.perf_counter(), time.thread_time()
                 slots = retrying("writing to Redis", functools.partial(store.write_columns, batch),
                                  c.outage_s, on_recovery=back_to_committed, on_retry=retried)
+                cpu_s = time.thread_time() - cpu  # read inside the wall-clock span, so never above it
                 readable_at = int(time.time() * 1000)
                 stats.write_s += time.perf_counter() - wall
-                stats.write_cpu_s += time.thread_time() - cpu
+                stats.write_cpu_s += cpu_s
                 stats.received_ms.extend((received_at - batch.window_end).tolist())
                 latencies = readable_at - batch.window_end
                 stats.latencies_ms.extend(latencies.tolist())
