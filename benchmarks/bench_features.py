@@ -400,9 +400,8 @@ def freshness(settings: Settings, seconds: float, rate: float, checkpoint_ms: in
     # only windows that closed while events flowed (the last ones close on the next events, never here);
     # the recent lists apart: they come through the samples' source, held back 1.5 base windows by design
     stats = results[0]
-    fresh = Freshness.of(stats.latencies_ms, stats.horizons_s, s.flink.watermark_delay_ms)
-    # the same windows' close -> handed to the loader: the job's and Kafka's part of the latency
-    received = Freshness.of(stats.received_ms, stats.horizons_s, s.flink.watermark_delay_ms).windows_ms
+    fresh = Freshness.of(stats.latencies_ms, stats.horizons_s, s.flink.watermark_delay_ms, stats.received_ms)
+    received = fresh.windows_at_loader_ms  # the job's and Kafka's part of the latency
     per_record = 1e6 / max(stats.records, 1)
     # where the loader's time per record goes: its own CPU, and the rest (Redis, waiting for a core)
     split = {"at_loader_p50": round(float(np.percentile(received, 50)), 1) if len(received) else None,

@@ -192,7 +192,7 @@ def _collect(s: Settings, result: DemoResult, trainer: TrainerOutcome, loader_st
         result.feature_records = loader_stats[0].records
         result.redis_slots = loader_stats[0].slots_written
         result.freshness = Freshness.of(loader_stats[0].latencies_ms, loader_stats[0].horizons_s,
-                                        s.flink.watermark_delay_ms)
+                                        s.flink.watermark_delay_ms, loader_stats[0].received_ms)
     result.redis_keys = sum(1 for _ in store.client.scan_iter(f"{s.redis.key_prefix}:f:*", count=10_000))
     result.snapshots, result.promoted = trainer.written, trainer.promoted
     result.samples_trained = trainer.samples_trained

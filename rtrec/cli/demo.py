@@ -49,6 +49,8 @@ def demo_command(settings: Settings, seconds: float, rate: float, out_dir: Path)
     click.echo(f"snapshots         {len(r.snapshots)} written, promoted {r.promoted}")
     for line in r.freshness.lines():
         click.echo(f"feature freshness window close -> Redis, {line}")
+    for line in r.freshness.at_loader_lines():  # the job's and Kafka's part; the rest is the loader's writes
+        click.echo(f"feature freshness window close -> loader, {line}")
     if r.trainer_freshness_s is not None:
         click.echo(f"model freshness   newest event in the current snapshot was {r.trainer_freshness_s:.1f}s old")
     for path in r.plots:

@@ -52,6 +52,6 @@ def test_both_models_are_scored_on_the_same_samples_per_bucket(tmp_path: Path) -
     # on this stream the model keeps learning after its first snapshot
     assert c.realtime_auc is not None and c.frozen_auc is not None and c.realtime_auc > c.frozen_auc
 
-    paths = demo_plots(c, Freshness.of([2500, 3000, 6100], [3, 60, 0], 2000), tmp_path / "plots")
+    paths = demo_plots(c, Freshness.of([2500, 3000, 6100], [3, 60, 0], 2000, [2300, 2400, 5000]), tmp_path / "plots")
     assert [p.name for p in paths] == ["auc_over_time.png", "feature_freshness.png"]
     assert all(p.stat().st_size > 5000 for p in paths)

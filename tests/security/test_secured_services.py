@@ -156,6 +156,9 @@ def test_the_whole_loop_runs_secured_and_no_password_is_written_anywhere(secured
     samples = int(re.search(r"training samples\s+(\d+)", out).group(1))
     promoted = re.search(r"promoted \[([\d, ]+)\]", out)
     assert redis_entities > 0 and samples > 0 and promoted, out[-3000:]
+    # freshness up to Redis, and up to the loader (the job's and Kafka's part of it)
+    assert re.search(r"window close -> Redis, windows p50 [\d.]+s p99", out), out[-3000:]
+    assert re.search(r"window close -> loader, windows p50 [\d.]+s p99", out), out[-3000:]
     (tmp_path / "demo.out").write_text(out)
     secrets = secured.passwords()
     assert not [s for s in secrets if s in out]
