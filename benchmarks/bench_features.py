@@ -423,17 +423,11 @@ def freshness(settings: Settings, seconds: float, rate: float, checkpoint_ms: in
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    close = fresh.windows_ms
-    ax.hist(close / 1000.0, bins=50, label=f"windows: p50 {np.median(close) / 1000:.2f}s, "
-                                           f"p99 {np.percentile(close, 99) / 1000:.2f}s")
-    if len(received):
-        ax.hist(received / 1000.0, bins=50, alpha=0.6,
-                label=f"windows at the loader: p50 {np.median(received) / 1000:.2f}s, "
-                      f"p99 {np.percentile(received, 99) / 1000:.2f}s")
-    if len(fresh.recent_lists_ms):
-        lists = fresh.recent_lists_ms
-        ax.hist(lists / 1000.0, bins=50, alpha=0.7, label=f"recent lists: p50 {np.median(lists) / 1000:.2f}s, "
-                                                          f"p99 {np.percentile(lists, 99) / 1000:.2f}s")
+    for name, ms, alpha in (("windows", fresh.windows_ms, 1.0), ("windows at the loader", received, 0.6),
+                            ("recent lists", fresh.recent_lists_ms, 0.7)):
+        if len(ms):
+            ax.hist(ms / 1000.0, bins=50, alpha=alpha,
+                    label=f"{name}: p50 {np.median(ms) / 1000:.2f}s, p99 {np.percentile(ms, 99) / 1000:.2f}s")
     ax.legend()
     ax.set_xlabel("window close -> readable in Redis, or at the loader (s)")
     ax.set_ylabel("feature records")
