@@ -17,6 +17,13 @@ A window shorter than its horizon is a tile: 60 s in tiles of 3 s is a ring of 2
 >>> tiles = FeatureColumns.of_records([{**r, "horizon_s": 60} for r in batch_rows])
 >>> [a.tolist() for a in tiles.tiles], len(tiles.newest_per_slot(tiles.keys("p")))
 ([[20, 20, 20], [1, 2, 0]], 3)
+
+A record whose window is also a tile of longer horizons lists them (`tile_of_horizons_s`), and is
+written as a copy per horizon:
+
+>>> both = FeatureColumns.of_records([{**batch_rows[0], "tile_of_horizons_s": [60]}]).with_listed_tiles()
+>>> both.horizon_s.tolist(), [a.tolist() for a in both.tiles], both.window_end.tolist()
+([3, 60], [[0, 20], [-1, 1]], [6000, 6000])
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from feature_store.keys import TILE_VALUES, entity_key_prefix
-from schemas.bulk import BulkDecoded
+from schemas.bulk import BulkDecoded, take_ragged
 from schemas.registry import field_names
 
 # Which FeatureRecord fields name the slot and its window, which carry a user's recent engagements
@@ -38,7 +45,10 @@ SLOT_FIELDS = ("entity_type", "entity_id", "horizon_s", "window_start", "window_
 RECENT_FIELDS = ("recent_items", "recent_types", "recent_times_ms")
 # a tile's sketch of its distinct counterparts (feature_store.keys)
 SKETCH_FIELD = "counterpart_hashes"
-VALUE_FIELDS = tuple(f for f in field_names("FeatureRecord") if f not in (*SLOT_FIELDS, *RECENT_FIELDS, SKETCH_FIELD))
+# the longer horizons a record's window is also a tile of (one record for them all)
+TILE_OF_FIELD = "tile_of_horizons_s"
+VALUE_FIELDS = tuple(f for f in field_names("FeatureRecord")
+                     if f not in (*SLOT_FIELDS, *RECENT_FIELDS, SKETCH_FIELD, TILE_OF_FIELD))
 # the JSON names of a user's recent-engagements lists (feature_store.keys)
 _RECENT_JSON = {"recent_items": "items", "recent_types": "types", "recent_times_ms": "times_ms"}
 
@@ -46,7 +56,8 @@ _RECENT_JSON = {"recent_items": "items", "recent_types": "types", "recent_times_
 @dataclass(frozen=True)
 class FeatureColumns:
     """One row per FeatureRecord. `recent`: per list field, its flat items and each row's count
-    (a null list counts 0); `hashes`: the tiles' counterpart hashes likewise."""
+    (a null list counts 0); `hashes`: the tiles' counterpart hashes likewise, and `tile_of` the
+    longer horizons each row's window is also a tile of (`with_listed_tiles` makes those rows)."""
 
     entity_type: np.ndarray  # objects (str)
     entity_id: np.ndarray  # objects (str)
@@ -56,6 +67,7 @@ class FeatureColumns:
     value_columns: dict[str, np.ndarray]  # VALUE_FIELDS
     recent_items: dict[str, tuple[np.ndarray, np.ndarray]]
     hashes: tuple[np.ndarray, np.ndarray]  # int64 flat, int64 per row
+    tile_of: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # likewise
 
     def __len__(self) -> int:
         return len(self.horizon_s)
@@ -66,7 +78,8 @@ class FeatureColumns:
         return cls(c["entity_type"], c["entity_id"], c["horizon_s"], c["window_start"], c["window_end"],
                    {name: c[name] for name in VALUE_FIELDS},
                    {name: (c[name], decoded.lengths[name]) for name in RECENT_FIELDS},
-                   (c[SKETCH_FIELD], decoded.lengths[SKETCH_FIELD]))
+                   (c[SKETCH_FIELD], decoded.lengths[SKETCH_FIELD]),
+                   (c[TILE_OF_FIELD], decoded.lengths[TILE_OF_FIELD]))
 
     @classmethod
     def of_records(cls, records: Sequence[Mapping[str, Any]]) -> FeatureColumns:
@@ -81,7 +94,24 @@ class FeatureColumns:
         return cls(column("entity_type", object), column("entity_id", object), column("horizon_s", np.int64),
                    column("window_start", np.int64), column("window_end", np.int64),
                    {name: column(name, np.float64) for name in VALUE_FIELDS},
-                   {name: flat(name, object) for name in RECENT_FIELDS}, flat(SKETCH_FIELD, np.int64))
+                   {name: flat(name, object) for name in RECENT_FIELDS}, flat(SKETCH_FIELD, np.int64),
+                   flat(TILE_OF_FIELD, np.int64))
+
+    def with_listed_tiles(self) -> FeatureColumns:
+        """These rows, then per row a copy for each horizon in its `tile_of`, with that horizon (and
+        nothing listed): each slot the record fills, as a row of its own."""
+        listed, counts = self.tile_of
+        if not len(listed):
+            return self
+        rows = np.concatenate([np.arange(len(self)), np.repeat(np.arange(len(counts)), counts)])
+        recent = {name: (take_ragged(flat, n, rows), n[rows]) for name, (flat, n) in self.recent_items.items()}
+        hashes, hash_counts = self.hashes
+        return FeatureColumns(
+            self.entity_type[rows], self.entity_id[rows],
+            np.concatenate([self.horizon_s, np.asarray(listed, dtype=np.int64)]),
+            self.window_start[rows], self.window_end[rows],
+            {name: column[rows] for name, column in self.value_columns.items()}, recent,
+            (take_ragged(hashes, hash_counts, rows), hash_counts[rows]))
 
     def keys(self, prefix: str) -> list[bytes]:
         """Each row's Redis key (feature_store.keys.entity_key), encoded."""

@@ -118,6 +118,7 @@ class RedisFeatureStore:
         """Writes a batch of FeatureRecords as columns; returns how many slots were replaced."""
         if not len(batch):
             return 0
+        batch = batch.with_listed_tiles()
         keys = batch.keys(self.prefix)
         rows = batch.newest_per_slot(keys)
         rings, positions = (a[rows] for a in batch.tiles)

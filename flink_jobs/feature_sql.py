@@ -8,9 +8,11 @@ True
 (False, True)
 >>> "RTREC_SMALLEST_HASHES(user_id, 64)" in window_sql("item", 600, 30, 64), NO_HASHES in window_sql("item", 3, 3, 64)
 (True, True)
->>> shared = window_sql("user", (3, 60), 3, 64)  # the base window and the 60 s horizon's tiles: one aggregation
->>> shared.count("GROUP BY"), "UNNEST(t.horizons)" in shared, "WHEN h.horizon_s > 3 THEN counterpart_hashes" in shared
+>>> shared = window_sql("user", (3, 60), 3, 64)  # the base window and the 60 s horizon's tiles: one record
+>>> shared.count("GROUP BY"), "CAST(3 AS INT) AS horizon_s" in shared, "RTREC_SMALLEST_HASHES(item_id, 64)" in shared
 (1, True, True)
+>>> "ARRAY[CAST(60 AS INT)] AS tile_of_horizons_s" in shared
+True
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ COUNTERPART = {"user": "item_id", "item": "user_id"}
 # the job's name of flink_jobs/java's SmallestHashes, and a record without its sketch
 SMALLEST_HASHES = "RTREC_SMALLEST_HASHES"
 NO_HASHES = "CAST(NULL AS ARRAY<BIGINT NOT NULL>)"
+# a record that is no other horizon's tile too
+NO_TILE_OF = "CAST(NULL AS ARRAY<INT NOT NULL>)"
 # a window's record carries no recent engagements (sample_sql.recent_lists_sql writes those)
 NO_RECENT = ("CAST(NULL AS ARRAY<STRING>) AS recent_items, CAST(NULL AS ARRAY<STRING>) AS recent_types, "
              "CAST(NULL AS ARRAY<BIGINT>) AS recent_times_ms")
@@ -57,46 +61,41 @@ def tumble_table(size_s: int, source: str = "events") -> str:
     return f"TUMBLE(TABLE {source}, DESCRIPTOR(event_time), {interval(size_s)})"
 
 
-def tile_aggregate_sql(entity_type: str, tile_s: int, sketch_size: int = 0, horizons: Sequence[int] = ()) -> str:
+def tile_aggregate_sql(entity_type: str, tile_s: int, sketch_size: int = 0) -> str:
     """Per entity and tumbling window of `tile_s`: the counts and sums of its events, with `sketch_size`
-    the sketch of its counterparts, and with `horizons` those horizons as an array column (a constant,
-    which UNNEST then turns into a row per horizon without a join)."""
+    the sketch of its counterparts."""
     key = ENTITY_KEYS[entity_type]
     counterparts = (f"COUNT(DISTINCT {COUNTERPART[entity_type]})" if entity_type in COUNTERPART else "1")
     hashes = (f"{SMALLEST_HASHES}({COUNTERPART[entity_type]}, {int(sketch_size)})"
               if entity_type in COUNTERPART and sketch_size > 0 else NO_HASHES)
-    listed = f", ARRAY[{', '.join(f'CAST({h} AS INT)' for h in horizons)}] AS horizons" if horizons else ""
     return f"""SELECT {key} AS entity_id, window_start, window_end,
   {_count('impression')} AS impressions, {_count('click')} AS clicks, {_count('like')} AS likes,
   {_count('cart')} AS carts, {_count('order')} AS orders,
   CAST(COALESCE(SUM(dwell_ms), 0) AS BIGINT) AS dwell_sum_ms, CAST(COUNT(dwell_ms) AS BIGINT) AS dwell_count,
-  CAST({counterparts} AS BIGINT) AS distinct_counterparts, {hashes} AS counterpart_hashes{listed}
+  CAST({counterparts} AS BIGINT) AS distinct_counterparts, {hashes} AS counterpart_hashes
 FROM TABLE({tumble_table(tile_s)})
 GROUP BY window_start, window_end, {key}"""
 
 
 def window_sql(entity_type: str, horizon_s: int | Sequence[int], tile_s: int, sketch_size: int = 0) -> str:
-    """One FeatureRecord row per entity, tumbling window of `tile_s` and horizon; the `headers` column
-    carries the schema id. With `tile_s` shorter than a horizon the row is a tile of that horizon: the
-    online store adds a horizon's tiles up when it is read (a hopping window would emit every key once
-    per slide), and a user's or item's tile carries the `sketch_size` smallest hashes of its
+    """One FeatureRecord row per entity and tumbling window of `tile_s`; the `headers` column carries
+    the schema id. With `tile_s` shorter than a horizon the row is a tile of that horizon: the online
+    store adds a horizon's tiles up when it is read (a hopping window would emit every key once per
+    slide), and a user's or item's tile carries the `sketch_size` smallest hashes of its
     counterparts, which merge into the horizon's distinct count. Several horizons of one tile length
-    (the base window among them) share one aggregation, which emits a row per horizon."""
-    horizons = (horizon_s,) if isinstance(horizon_s, int) else tuple(horizon_s)
+    (the base window among them) share one aggregation and one record: its horizon_s is the base
+    window where that is one of them (else the first), and `tile_of_horizons_s` lists the others, so a
+    user's 3 s window is written once, not once more as the 60 s horizon's tile."""
+    horizons = sorted({horizon_s} if isinstance(horizon_s, int) else set(horizon_s))
     tiled = any(tile_s < h for h in horizons)
-    shared = len(horizons) > 1
-    if not shared:
-        horizon, rows = f"CAST({horizons[0]} AS INT)", ""
-        hashes = "counterpart_hashes" if tiled else NO_HASHES
-    else:  # an UNNEST of literals alone is planned as a regular join, which keeps every row in state
-        horizon = "h.horizon_s"
-        rows = " AS t CROSS JOIN UNNEST(t.horizons) AS h (horizon_s)"
-        hashes = f"CASE WHEN h.horizon_s > {int(tile_s)} THEN counterpart_hashes ELSE {NO_HASHES} END"
+    primary = tile_s if tile_s in horizons else horizons[0]
+    others = [h for h in horizons if h != primary]
+    tile_of = f"ARRAY[{', '.join(f'CAST({h} AS INT)' for h in others)}]" if others else NO_TILE_OF
     return f"""SELECT
   CAST(entity_id AS BYTES) AS entity_id_key,
   {quote(entity_type)} AS entity_type,
   entity_id,
-  {horizon} AS horizon_s,
+  CAST({primary} AS INT) AS horizon_s,
   window_start,
   window_end,
   impressions,
@@ -110,9 +109,10 @@ def window_sql(entity_type: str, horizon_s: int | Sequence[int], tile_s: int, sk
   distinct_counterparts,
   {NO_RECENT},
   dwell_count,
-  {hashes} AS counterpart_hashes,
+  {'counterpart_hashes' if tiled else NO_HASHES} AS counterpart_hashes,
+  {tile_of} AS tile_of_horizons_s,
   {header_literal('FeatureRecord')} AS headers
-FROM ({tile_aggregate_sql(entity_type, tile_s, sketch_size if tiled else 0, horizons if shared else ())}){rows}"""
+FROM ({tile_aggregate_sql(entity_type, tile_s, sketch_size if tiled else 0)})"""
 
 
 def decoded_view_sql(source: str, decode_udf: str, decode_args: str) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from feature_store.keys import RECENT_HORIZON_S
 from flink_jobs.ddl import header_literal, quote
-from flink_jobs.feature_sql import ENTITY_KEYS, NO_HASHES, interval, tumble_table
+from flink_jobs.feature_sql import ENTITY_KEYS, NO_HASHES, NO_TILE_OF, interval, tumble_table
 from schemas.feature_set import AGGREGATES, FEATURE_NAMES, FEATURE_SET
 
 _AGG_COLUMNS = {"impressions": "CAST(impressions AS DOUBLE)", "clicks": "CAST(clicks AS DOUBLE)",
@@ -88,7 +88,7 @@ def recent_lists_sql(lists: str, window_s: int) -> str:
   CAST({RECENT_HORIZON_S} AS INT) AS horizon_s, window_start, window_end, {zeros}, 0.0 AS ctr,
   CAST(0 AS BIGINT) AS dwell_sum_ms, 0.0 AS dwell_mean_ms, CAST(0 AS BIGINT) AS distinct_counterparts,
   w.newest.items AS recent_items, w.newest.types AS recent_types, w.newest.times_ms AS recent_times_ms,
-  CAST(0 AS BIGINT) AS dwell_count, {NO_HASHES} AS counterpart_hashes,
+  CAST(0 AS BIGINT) AS dwell_count, {NO_HASHES} AS counterpart_hashes, {NO_TILE_OF} AS tile_of_horizons_s,
   {header_literal('FeatureRecord')} AS headers
 FROM (SELECT user_id, window_start, window_end,
     RTREC_NEWEST_LIST(recent.items, recent.types, recent.times_ms) AS newest

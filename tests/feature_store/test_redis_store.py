@@ -436,3 +436,40 @@ def test_distinct_counterparts_merge_exactly_from_whole_sketches_and_within_erro
 
     assert without_sketch(25, 1) == len(set().union(*whole_sets[9][6:]))
     assert without_sketch(26, 500) == 500.0
+
+
+def test_a_window_listing_the_horizons_it_is_a_tile_of_writes_what_a_record_per_horizon_writes(
+        settings: Settings) -> None:
+    """The feature job writes a user's or item's 3 s window once, listing the 60 s horizon it is also
+    a tile of (`tile_of_horizons_s`); Redis must end up as with one record for each, bulk-decoded or not."""
+    from feature_store.columns import FeatureColumns
+    from schemas.bulk import BulkDecoder
+    from schemas.serde import serializer
+
+    rng = np.random.default_rng(11)
+    per_horizon, listing = [], []
+    for k in range(1500):
+        start = int(rng.integers(0, 60)) * 3000
+        window = {**tile(f"e{k % 53}", 60, start, int(rng.integers(1, 9)), int(rng.integers(0, 3)),
+                         counterparts=int(rng.integers(1, 5)), entity_type=("user", "item")[k % 2]), "horizon_s": 3}
+        hashes = np.sort(rng.choice(1 << 62, int(rng.integers(1, 5)), replace=False)).tolist()
+        per_horizon += [window, {**window, "horizon_s": 60, "counterpart_hashes": hashes}]
+        listing.append({**window, "counterpart_hashes": hashes, "tile_of_horizons_s": [60]})
+    listing.append({**record("p1", 9000, 1, 3, "user_item"), "tile_of_horizons_s": []})  # an empty list: itself only
+    per_horizon.append(record("p1", 9000, 1, 3, "user_item"))
+    enc = serializer("FeatureRecord")
+    decoded = BulkDecoder("FeatureRecord").decode([enc(r) for r in listing], [enc.header_value] * len(listing))
+    assert len(decoded) == len(listing) and not decoded.rejected
+    stores = [RedisFeatureStore(settings.redis.url, f"{settings.redis.key_prefix}-{name}", 600, tiles_s=TILES_S)
+              for name in ("per-horizon", "listing", "listing-columns")]
+    written = stores[0].write_batch(per_horizon)
+    assert written == stores[1].write_batch(listing) == stores[2].write_columns(FeatureColumns.of_decoded(decoded))
+
+    def state(prefix: str) -> dict:
+        client = stores[0].client
+        return {key[len(prefix):]: client.hgetall(key) for key in client.scan_iter(f"{prefix}:*")}
+
+    expected = state(stores[0].prefix)
+    assert any(field.startswith(b"60s.sketch.") for fields in expected.values() for field in fields)
+    assert any(b"3s.__we" in fields for fields in expected.values())
+    assert state(stores[1].prefix) == expected == state(stores[2].prefix)

@@ -10,7 +10,7 @@ from schemas.bulk import BulkDecoder
 from schemas.serde import serializer
 from tests.schemas.test_bulk import one_by_one
 
-LISTS = ("recent_items", "recent_types", "recent_times_ms", "counterpart_hashes")
+LISTS = ("recent_items", "recent_types", "recent_times_ms", "counterpart_hashes", "tile_of_horizons_s")
 
 
 def feature_records(n: int, seed: int) -> list[dict]:
@@ -24,9 +24,12 @@ def feature_records(n: int, seed: int) -> list[dict]:
                   "carts": int(rng.integers(-3, 3)), "orders": 0, "ctr": float(rng.random()),
                   "dwell_sum_ms": int(rng.integers(0, 10**9)), "dwell_mean_ms": float(rng.random() * 1e4),
                   "distinct_counterparts": int(rng.integers(0, 50)), "dwell_count": int(rng.integers(0, 50)),
-                  "recent_items": None, "recent_types": None, "recent_times_ms": None, "counterpart_hashes": None}
+                  "recent_items": None, "recent_types": None, "recent_times_ms": None, "counterpart_hashes": None,
+                  "tile_of_horizons_s": None}
         if k % 4 == 2:  # a tile with its sketch: hashes of every size, none to 64 of them
             record["counterpart_hashes"] = np.sort(rng.integers(0, 2**63, int(rng.integers(0, 65)))).tolist()
+            # a window that is also a tile of longer horizons lists them: none, one or several
+            record["tile_of_horizons_s"] = [int(h) for h in rng.choice([60, 90, 120], int(rng.integers(0, 3)))]
         if k % 4 == 1:  # a recent-engagements record: empty or full lists
             count = int(rng.integers(0, 12))
             record.update(recent_items=[f"i{rng.integers(0, 999)}" + ("é" if k % 5 == 0 else "") for _ in range(count)],
