@@ -294,8 +294,9 @@ def _scripts_usec(store: RedisFeatureStore) -> int | None:
 
 def loader_record(k: int, t: int) -> dict:
     """A mix like the job's output: users, items and pairs over the three horizons (the longer ones as
-    the default job's tiles, a user's or item's with its sketch of counterpart hashes), and one row in
-    eight a user's recent-engagements list (horizon 0) of five items."""
+    the default job's tiles, a user's or item's with its sketch of counterpart hashes; its 60 s tile is
+    its 3 s window's record, which lists the horizon), and one row in eight a user's recent-engagements
+    list (horizon 0) of five items."""
     if k % 8 == 7:
         return {**feature_record(k, t), "horizon_s": 0, "recent_items": [f"i{k - j}" for j in range(5)],
                 "recent_types": ["click"] * 5, "recent_times_ms": [t - 1000 * j for j in range(5)]}
@@ -307,6 +308,9 @@ def loader_record(k: int, t: int) -> dict:
         hashes = np.random.default_rng(k).integers(0, 1 << 63, counterparts, dtype=np.int64)
         sketch = {"distinct_counterparts": counterparts,
                   "counterpart_hashes": np.sort(hashes)[:SKETCH_SIZE].tolist()}
+    if TILES_MS.get(horizon) == 3000 and entity_type != "user_item":
+        sketch["tile_of_horizons_s"] = [horizon]
+        horizon = 3
     return {**feature_record(k, t), "entity_type": entity_type, "entity_id": f"{entity_type[0]}{k % 50_000}",
             "horizon_s": horizon, "window_start": t - TILES_MS.get(horizon, horizon * 1000), **sketch}
 
