@@ -29,7 +29,7 @@ written as a copy per horizon:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -104,12 +104,25 @@ class FeatureColumns:
         if not len(listed):
             return self
         rows = np.concatenate([np.arange(len(self)), np.repeat(np.arange(len(counts)), counts)])
+        return self._of_rows(rows, np.concatenate([self.horizon_s, np.asarray(listed, dtype=np.int64)]))
+
+    def where(self, mask: np.ndarray) -> FeatureColumns:
+        """The rows where `mask` is True, with the horizons they list."""
+        if mask.all():
+            return self
+        listed, counts = self.tile_of
+        rows = np.flatnonzero(mask)
+        kept = self._of_rows(rows, self.horizon_s[rows])
+        if not len(counts):  # built without the field
+            return kept
+        return replace(kept, tile_of=(take_ragged(listed, counts, rows), counts[rows]))
+
+    def _of_rows(self, rows: np.ndarray, horizon_s: np.ndarray) -> FeatureColumns:
+        """Rows `rows` (repeats allowed) with these horizons, listing none."""
         recent = {name: (take_ragged(flat, n, rows), n[rows]) for name, (flat, n) in self.recent_items.items()}
         hashes, hash_counts = self.hashes
         return FeatureColumns(
-            self.entity_type[rows], self.entity_id[rows],
-            np.concatenate([self.horizon_s, np.asarray(listed, dtype=np.int64)]),
-            self.window_start[rows], self.window_end[rows],
+            self.entity_type[rows], self.entity_id[rows], horizon_s, self.window_start[rows], self.window_end[rows],
             {name: column[rows] for name, column in self.value_columns.items()}, recent,
             (take_ragged(hashes, hash_counts, rows), hash_counts[rows]))
 

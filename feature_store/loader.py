@@ -30,6 +30,7 @@ from feature_store.base import FeatureWriter
 from feature_store.columns import FeatureColumns
 from feature_store.commits import CommitsFailing, DurableCommits, refused_by_group
 from feature_store.telemetry import LoaderMetrics
+from feature_store.validation import check_records
 from schemas.bulk import BulkDecoder
 from schemas.dead_letter import dead_letter
 from schemas.kafka_io import AvroConsumer, AvroProducer
@@ -83,13 +84,17 @@ class LoaderConfig:
     # without partitions this long, the loader asks the group coordinator whether its consumer is still
     # a member, and replaces a consumer the group left behind (core.group_watch says why)
     rejoin_check_s: float = 60.0
+    # a record whose window starts this long after now is dead-lettered (the job's own bound on event
+    # times); None: no bound
+    max_future_skew_ms: int | None = 3_600_000
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> LoaderConfig:
         k, f = settings.kafka, settings.flink
         return replace(cls(k.bootstrap_servers, k.topics.features, k.topics.dead_letter, f.loader_group_id,
                            f.loader_batch, k.partitions, f.loader_isolation, outage_s=f.loader_outage_s,
-                           session_timeout_ms=f.loader_session_timeout_ms, security=k.security.librdkafka()),
+                           session_timeout_ms=f.loader_session_timeout_ms, security=k.security.librdkafka(),
+                           max_future_skew_ms=f.max_future_skew_ms),
                        **overrides)
 
 
@@ -132,11 +137,12 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
                idle_exit_s: float | None = None, on_batch: Callable[[LoaderStats], None] | None = None,
                metrics: LoaderMetrics | None = None) -> LoaderStats:
     """Consumes until `should_stop()` or `idle_exit_s` without records. Order per batch: undecodable
-    records to the dead-letter topic, good ones to Redis (one pipeline, retried through an outage of
-    up to `outage_s`), and `commit_lag_s` later, once Redis has its append-only file on disk, the
-    offsets committed. After Redis was unreachable (it may have restarted and lost its last second),
-    the loader goes back to the committed offsets and writes what follows again; newest-window-wins
-    makes that harmless. A backlog comes in full batches. `metrics` (when given) are kept up to date."""
+    records and those no slot can hold (feature_store.validation) to the dead-letter topic, good ones
+    to Redis (one pipeline, retried through an outage of up to `outage_s`), and `commit_lag_s` later,
+    once Redis has its append-only file on disk, the offsets committed. After Redis was unreachable
+    (it may have restarted and lost its last second), the loader goes back to the committed offsets
+    and writes what follows again; newest-window-wins makes that harmless. A backlog comes in full
+    batches. `metrics` (when given) are kept up to date."""
     c = config
     m = metrics or LoaderMetrics()
 
@@ -205,6 +211,10 @@ def run_loader(config: LoaderConfig, store: FeatureWriter, should_stop: Callable
             received_at = int(time.time() * 1000)
             assert got.columns is not None
             batch = FeatureColumns.of_decoded(got.columns)
+            latest_start = None if c.max_future_skew_ms is None else received_at + c.max_future_skew_ms
+            usable, refused = check_records(batch, c.topic, latest_start)
+            batch = batch.where(usable)
+            got.rejected += refused
             if len(batch):  # the same batch is written until it is in Redis: offsets only move after that
                 wall, cpu = time.perf_counter(), time.thread_time()
                 slots = retrying("writing to Redis", functools.partial(store.write_columns, batch),

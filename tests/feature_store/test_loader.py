@@ -189,3 +189,52 @@ def test_a_consumer_the_group_left_behind_is_replaced_and_nothing_is_lost(settin
     ends = [group.get_watermark_offsets(tp, timeout=10)[1] for tp in partitions]
     group.close()
     assert committed == ends
+
+
+def test_records_no_slot_can_hold_are_dead_lettered_and_the_rest_lands_as_without_them(settings: Settings) -> None:
+    """Records that decode but cannot be written (a tile that does not divide the horizon it lists, a
+    listed horizon of 0 that would overwrite a user's recent list, a window in the far future that would
+    win its slot until the TTL, a window ending before it starts) are dead-lettered with their reason;
+    the loader goes on, and Redis ends as the good records alone leave it."""
+    k = settings.kafka
+    ensure_topics(k.bootstrap_servers, [k.topics.features], partitions=1)
+    now = int(time.time() * 1000) // 3000 * 3000
+    good = [{**record(u, now - 3000 * j, j), "tile_of_horizons_s": [60]} for j in range(8, 0, -1) for u in ("u1", "u2")]
+    good.append({**record("u1", now - 9000, 0), "horizon_s": 0, "window_start": now - 12_000, "recent_items": ["i1"],
+                 "recent_types": ["click"], "recent_times_ms": [now - 10_000]})
+    poison = [
+        ({**record("u1", now - 6000, 5), "tile_of_horizons_s": [10]}, "is no tile of the listed horizon 10 s"),
+        ({**record("u1", now - 6000, 5), "tile_of_horizons_s": [60, 0]}, "it lists 0 s as a horizon"),
+        ({**record("u2", now + 86_400_000, 7), "tile_of_horizons_s": [60]}, "beyond the future the job accepts"),
+        ({**record("u2", now - 3000, 7), "window_start": now}, "the window ends before it starts"),
+        ({**record("u1", now - 3000, 7), "horizon_s": 7}, "is no tile of its horizon 7 s"),
+    ]
+    producer = AvroProducer(producer_config(k.bootstrap_servers), k.topics.features, "FeatureRecord")
+    sent = [*good[:5], *(p for p, _ in poison), *good[5:]]  # good records before and after the poison ones
+    for r in sent:
+        producer.produce(r, key=r["entity_id"])
+    producer.flush()
+
+    config = LoaderConfig.from_settings(settings, partitions=1, isolation_level="read_committed")
+    store = RedisFeatureStore.from_settings(settings.redis, settings.flink)
+    stats = run_loader(config, store, idle_exit_s=2.0)
+
+    assert (stats.records, stats.rejected) == (len(good), len(poison))
+    dead = read_topic(k.bootstrap_servers, k.topics.dead_letter, "DeadLetter").records
+    assert len(dead) == len(poison) and {d["stage"] for d in dead} == {"redis-loader"}
+    for p, reason in poison:  # the dead-letter topic's partitions need not keep their order
+        key = f"feature:user:{p['entity_id']}:{p['horizon_s']}s:{p['window_end']}".encode()
+        assert [d["key"] for d in dead if reason in d["reason"]] == [key]
+    expected = RedisFeatureStore(settings.redis.url, f"{settings.redis.key_prefix}-expected", settings.redis.ttl_s,
+                                 tiles_s=store.tiles_s)
+    expected.write_batch(good)
+
+    def state(prefix: str) -> dict:
+        return {key[len(prefix):]: store.client.hgetall(key) for key in store.client.scan_iter(f"{prefix}:*")}
+
+    assert state(store.prefix) == state(expected.prefix) != {}
+    assert store.get_recent_engagements(["u1"])[0].items == ["i1"]  # type: ignore[union-attr]
+    group = Consumer({"bootstrap.servers": k.bootstrap_servers, "group.id": config.group_id})
+    committed = group.committed([TopicPartition(k.topics.features, 0)], timeout=10)
+    group.close()
+    assert committed[0].offset == len(sent)
