@@ -223,11 +223,24 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
     raw = b"".join(values)
     last = len(raw)
     text = raw.decode("latin-1")
-    counts = np.int32 if last < 2**31 else np.int64  # half the memory for any batch under 2 GiB
-    high = np.zeros(last + 1, dtype=counts)  # bytes above 0x7F before each offset
-    np.cumsum(np.frombuffer(raw, dtype=np.uint8) > 0x7F, out=high[1:], dtype=counts)
     buf = np.frombuffer(raw + bytes(_MAX_VARINT + 8), dtype=np.uint8)  # reads just past the end are safe
-    terminators = np.flatnonzero(buf[:last] < 0x80)  # the last byte of every varint is one of these
+    # each a pass over every byte, made when a field first needs it (a numeric array's items, a string only
+    # checked): the offsets of the bytes below 0x80 (the last byte of every varint is one of them), and
+    # the count of bytes above 0x7F before each offset
+    scans: dict[str, np.ndarray] = {}
+
+    def terminators() -> np.ndarray:
+        if "terminators" not in scans:
+            scans["terminators"] = np.flatnonzero(buf[:last] < 0x80)
+        return scans["terminators"]
+
+    def high() -> np.ndarray:
+        if "high" not in scans:
+            counts = np.int32 if last < 2**31 else np.int64  # half the memory for any batch under 2 GiB
+            scans["high"] = np.zeros(last + 1, dtype=counts)
+            np.cumsum(buf[:last] > 0x7F, out=scans["high"][1:], dtype=counts)
+        return scans["high"]
+
     ok = np.ones(n, dtype=bool)
     every = np.ones(n, dtype=bool)
     columns: dict[str, np.ndarray] = {}
@@ -272,8 +285,14 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
         # `text` has a character per byte, so it is cut at the bytes' offsets; that is the string itself
         # where every byte is ASCII, and the few others are decoded as UTF-8 one by one
         if kept:
-            out[:] = [text[a:b] for a, b in zip(start.tolist(), pos.tolist(), strict=True)]
-        for j in np.flatnonzero(high[np.minimum(pos, last)] > high[np.minimum(start, last)]).tolist():
+            filled = np.flatnonzero(size)  # the others are empty (or not there: an array's missing items)
+            strings = [text[a:b] for a, b in zip(start[filled].tolist(), pos[filled].tolist(), strict=True)]
+            out[:] = ""
+            out[filled] = strings
+            others = [] if "".join(strings).isascii() else filled[[not v.isascii() for v in strings]].tolist()
+        else:
+            others = np.flatnonzero(high()[np.minimum(pos, last)] > high()[np.minimum(start, last)]).tolist()
+        for j in others:
             try:
                 decoded = raw[start[j]:pos[j]].decode("utf-8")
                 if kept:
@@ -343,13 +362,14 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
         total = int(per_row.sum())
         within = np.arange(total) - np.repeat(np.cumsum(per_row) - per_row, per_row)  # item index in its record
         row_of = np.repeat(rows, per_row)
-        at = np.repeat(np.searchsorted(terminators, pos[rows]), per_row) + within
-        item_end = terminators[np.minimum(at, len(terminators) - 1)]  # its last byte
+        ends_of_varints = terminators()
+        at = np.repeat(np.searchsorted(ends_of_varints, pos[rows]), per_row) + within
+        item_end = ends_of_varints[np.minimum(at, len(ends_of_varints) - 1)]  # its last byte
         item_start = np.empty(total, dtype=np.int64)
         item_start[1:] = item_end[:-1] + 1
         item_start[within == 0] = pos[rows]
         size = item_end - item_start + 1
-        bad = (at >= len(terminators)) | (size > _MAX_VARINT) | (item_end >= ends[row_of])
+        bad = (at >= len(ends_of_varints)) | (size > _MAX_VARINT) | (item_end >= ends[row_of])
         window = buf[np.minimum(item_start, last)[:, None] + _STEPS]
         digits = (window & 0x7F).astype(np.uint64) << _SHIFTS
         digits[_STEPS[None, :] >= size[:, None]] = 0
