@@ -87,7 +87,7 @@ def compare_with_frozen(snapshots: SnapshotStore, version: int, samples: list[di
     later = [r for r in samples if r["event_time"] > newest]
     order = np.argsort(scored["sample_hash"], kind="stable")
     logged = scored["sample_hash"][order]
-    hashes = hash_ids([r["sample_id"] for r in later])
+    hashes = hash_ids([r["sample_id"] for r in later], distinct=True)
     found = np.isin(hashes, logged)
     kept = [r for r, f in zip(later, found, strict=True) if f]
     result = Comparison(version, len(kept), len(later) - len(kept), None, None)
