@@ -25,7 +25,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
 from core.group_watch import GroupWatch
 from core.kafka import cached_lag, ensure_topics, is_transient, producer_config
-from core.settings import Settings
+from core.settings import FlinkSettings, Settings
 from feature_store.base import FeatureWriter
 from feature_store.columns import FeatureColumns
 from feature_store.commits import CommitsFailing, DurableCommits, refused_by_group
@@ -86,7 +86,7 @@ class LoaderConfig:
     rejoin_check_s: float = 60.0
     # a record whose window starts this long after now is dead-lettered (the job's own bound on event
     # times); None: no bound
-    max_future_skew_ms: int | None = 3_600_000
+    max_future_skew_ms: int | None = FlinkSettings.model_fields["max_future_skew_ms"].default
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> LoaderConfig:

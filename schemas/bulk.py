@@ -24,6 +24,7 @@ rows and reasons, is the same as decoding each record alone.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -227,19 +228,16 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
     # each a pass over every byte, made when a field first needs it (a numeric array's items, a string only
     # checked): the offsets of the bytes below 0x80 (the last byte of every varint is one of them), and
     # the count of bytes above 0x7F before each offset
-    scans: dict[str, np.ndarray] = {}
-
+    @functools.cache
     def terminators() -> np.ndarray:
-        if "terminators" not in scans:
-            scans["terminators"] = np.flatnonzero(buf[:last] < 0x80)
-        return scans["terminators"]
+        return np.flatnonzero(buf[:last] < 0x80)
 
+    @functools.cache
     def high() -> np.ndarray:
-        if "high" not in scans:
-            counts = np.int32 if last < 2**31 else np.int64  # half the memory for any batch under 2 GiB
-            scans["high"] = np.zeros(last + 1, dtype=counts)
-            np.cumsum(buf[:last] > 0x7F, out=scans["high"][1:], dtype=counts)
-        return scans["high"]
+        counts = np.int32 if last < 2**31 else np.int64  # half the memory for any batch under 2 GiB
+        before = np.zeros(last + 1, dtype=counts)
+        np.cumsum(buf[:last] > 0x7F, out=before[1:], dtype=counts)
+        return before
 
     ok = np.ones(n, dtype=bool)
     every = np.ones(n, dtype=bool)
