@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 
@@ -41,8 +42,8 @@ class RowSparseAdam(torch.optim.SparseAdam):
                 state = self.state[param]
                 if not state:
                     state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                    state["exp_avg"] = untouched_zeros(param)
+                    state["exp_avg_sq"] = untouched_zeros(param)
                 state["step"] += 1
                 grad = param.grad.coalesce()  # the update is not linear in g: each row once, summed
                 rows, values = grad.indices()[0], grad.values()
@@ -53,6 +54,24 @@ class RowSparseAdam(torch.optim.SparseAdam):
                 _update_rows(param, state["exp_avg"], state["exp_avg_sq"], rows, values, state["step"],
                              group["lr"], beta1, beta2, group["eps"])
         return loss
+
+
+def untouched_zeros(like: torch.Tensor) -> torch.Tensor:
+    """Zeros shaped like `like`, on its device. On CPU they come from calloc, whose large blocks are
+    fresh pages the OS fills with zeros only when first written: a table's moments then cost time and
+    memory for the rows that train, not for every bucket. `torch.zeros_like` writes all of them, 0.1 to
+    0.5 s for the default tables' 128 MB of moments on the service's first step on 2 cores.
+
+    >>> untouched_zeros(torch.ones(2, 3, dtype=torch.float64))
+    tensor([[0., 0., 0.],
+            [0., 0., 0.]], dtype=torch.float64)
+    """
+    if like.device.type != "cpu" or not like.is_contiguous() or like.dtype not in _NUMPY_DTYPES:
+        return torch.zeros_like(like, memory_format=torch.preserve_format)
+    return torch.from_numpy(np.zeros(tuple(like.shape), dtype=_NUMPY_DTYPES[like.dtype]))
+
+
+_NUMPY_DTYPES = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
 
 
 def _update_rows(param: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, rows: torch.Tensor,

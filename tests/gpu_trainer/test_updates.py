@@ -99,3 +99,28 @@ def test_row_sparse_adam_steps_as_torchs_sparse_adam() -> None:
             assert torch.allclose(mine.state[ours][key], reference.state[theirs][key], rtol=1e-5, atol=1e-7)
         assert mine.state[ours]["step"] == reference.state[theirs]["step"] == 4
         assert torch.equal(ours[10:20], before[10:20])  # rows no gradient touched keep their weights
+
+
+def test_row_sparse_adam_moments_of_a_large_table_start_at_zero() -> None:
+    """A table past calloc's threshold for fresh pages (the moments are not written until a row
+    trains): the moments match SparseAdam's, untouched rows stay exactly zero, and a second
+    optimizer's state shares nothing with the first's."""
+    torch.manual_seed(5)
+    ours = nn.Parameter(torch.randn(100_000, 16))
+    theirs = nn.Parameter(ours.detach().clone())
+    mine, reference = RowSparseAdam([ours], lr=0.05), torch.optim.SparseAdam([theirs], lr=0.05)
+    grad = torch.sparse_coo_tensor(torch.tensor([[3, 99_999, 3]]), torch.randn(3, 16), (100_000, 16))
+    ours.grad, theirs.grad = grad, grad.clone()
+    mine.step()
+    reference.step()
+    state = mine.state[ours]
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert state[key].dtype == ours.dtype and state[key].shape == ours.shape and state[key].is_contiguous()
+        assert torch.allclose(state[key], reference.state[theirs][key], rtol=1e-5, atol=1e-7)
+        assert int(torch.count_nonzero(state[key][4:99_999])) == 0
+    other = nn.Parameter(torch.zeros(100_000, 16))
+    second = RowSparseAdam([other], lr=0.05)
+    other.grad = torch.sparse_coo_tensor(torch.tensor([[3]]), torch.ones(1, 16), (100_000, 16))
+    second.step()
+    assert not torch.equal(second.state[other]["exp_avg"][3], state["exp_avg"][3])
+    assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6)
