@@ -24,7 +24,6 @@ rows and reasons, is the same as decoding each record alone.
 
 from __future__ import annotations
 
-import functools
 import operator
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -225,19 +224,20 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
     last = len(raw)
     text = raw.decode("latin-1")
     buf = np.frombuffer(raw + bytes(_MAX_VARINT + 8), dtype=np.uint8)  # reads just past the end are safe
-    # each a pass over every byte, made when a field first needs it (a numeric array's items, a string only
-    # checked): the offsets of the bytes below 0x80 (the last byte of every varint is one of them), and
-    # the count of bytes above 0x7F before each offset
-    @functools.cache
-    def terminators() -> np.ndarray:
-        return np.flatnonzero(buf[:last] < 0x80)
+    def gathered(start: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The offsets of the bytes of the spans [start, start + size) (each size ≥ 0, within the
+        buffer) end to end, and each span's end among them: a check then costs the spans' bytes, not
+        the batch's."""
+        span_ends = np.cumsum(size)
+        total = int(span_ends[-1]) if len(size) else 0
+        return np.repeat(start - (span_ends - size), size) + np.arange(total), span_ends
 
-    @functools.cache
-    def high() -> np.ndarray:
-        counts = np.int32 if last < 2**31 else np.int64  # half the memory for any batch under 2 GiB
-        before = np.zeros(last + 1, dtype=counts)
-        np.cumsum(buf[:last] > 0x7F, out=before[1:], dtype=counts)
-        return before
+    def non_ascii(start: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """Per span: whether it holds a byte above 0x7F."""
+        offsets, span_ends = gathered(start, size)
+        before = np.zeros(len(offsets) + 1, dtype=np.int64)
+        np.cumsum(buf[offsets] > 0x7F, out=before[1:])
+        return before[span_ends] > before[span_ends - size]
 
     ok = np.ones(n, dtype=bool)
     every = np.ones(n, dtype=bool)
@@ -289,7 +289,7 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
             out[filled] = strings
             others = [] if "".join(strings).isascii() else filled[[not v.isascii() for v in strings]].tolist()
         else:
-            others = np.flatnonzero(high()[np.minimum(pos, last)] > high()[np.minimum(start, last)]).tolist()
+            others = np.flatnonzero(non_ascii(start, size)).tolist()
         for j in others:
             try:
                 decoded = raw[start[j]:pos[j]].decode("utf-8")
@@ -360,7 +360,12 @@ def _parse(fields: list[tuple[str, str, str]], values: list[bytes], widths: dict
         total = int(per_row.sum())
         within = np.arange(total) - np.repeat(np.cumsum(per_row) - per_row, per_row)  # item index in its record
         row_of = np.repeat(rows, per_row)
-        ends_of_varints = terminators()
+        # the bytes below 0x80 from each block's start, as far as its items could reach: the k-th one
+        # past that reach would make an item longer than a varint, so the record is rejected either way
+        # (`last`, the padding, ends the list: an item found there runs past its record)
+        reach = np.minimum(per_row * _MAX_VARINT, ends[rows] - pos[rows]).clip(0)
+        offsets, _ = gathered(pos[rows], reach)
+        ends_of_varints = np.append(offsets[buf[offsets] < 0x80], last)
         at = np.repeat(np.searchsorted(ends_of_varints, pos[rows]), per_row) + within
         item_end = ends_of_varints[np.minimum(at, len(ends_of_varints) - 1)]  # its last byte
         item_start = np.empty(total, dtype=np.int64)

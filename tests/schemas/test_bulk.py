@@ -167,3 +167,26 @@ def test_fields_left_out_are_still_checked_so_the_same_records_are_rejected(seed
     np.testing.assert_array_equal(kept.columns["features"], full.columns["features"])
     with pytest.raises(ValueError, match="no field"):
         BulkDecoder("TrainingSample", keep=("nope",))
+
+
+def test_left_out_lists_are_checked_over_their_own_bytes() -> None:
+    """Recent items left out are still decoded enough to reject invalid UTF-8 and keep valid non-ASCII
+    text, and an age whose varint runs on past its record rejects the record, as one by one."""
+    enc = serializer("TrainingSample")
+    samples = make_samples(8, seed=6)
+    for s in samples:
+        s.update(recent_items=["café", "i2"], recent_types=["click", "like"], recent_ages_ms=[5, 300])
+    values = [enc(s) for s in samples]
+    cafe = "café".encode()
+    values[2] = values[2].replace(cafe, b"caf\xff\xfe")  # same length: only the text is invalid
+    # the record ends with the ages' block: 300 (2 bytes), then the block's end (0); the last age's
+    # varint now never ends within the record
+    values[5] = values[5][:-3] + b"\xff\xff\x80"
+    headers: list[bytes | None] = [enc.header_value] * len(values)
+    width = {"features": len(samples[0]["features"])}
+    rows, records, rejected = one_by_one(values, headers)
+    assert rejected == [2, 5] and records[0]["recent_items"] == ["café", "i2"]
+    kept = BulkDecoder("TrainingSample", keep=("sample_id",)).decode(values, headers, widths=width)
+    assert kept.rows.tolist() == rows and [i for i, _ in kept.rejected] == rejected
+    assert kept.columns["sample_id"].tolist() == [r["sample_id"] for r in records]
+    assert_same(values, headers, width["features"])
