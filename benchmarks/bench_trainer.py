@@ -20,13 +20,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from benchmarks.common import emit
 from benchmarks.run_data import remove_runs, tracked
-from core.kafka import producer_config
+from core.collector import cyclic_gc_paused
+from core.kafka import consumer_config, producer_config
 from core.settings import Settings, TrainerSettings, load_settings
 from gpu_trainer.batch import Columns
+from gpu_trainer.kafka_adapters import fetch_properties
 from gpu_trainer.learner import Learner
 from gpu_trainer.service import TrainerService, make_learner
 from gpu_trainer.snapshots import SnapshotStore
@@ -149,16 +151,62 @@ def service_throughput(settings: Settings, n: int, repeats: int = 1) -> None:
     rate = float(np.median(rates))
     emit("trainer", "service_samples_per_s_mf_b4096", rate, "samples/s", n,
          runs=[round(r) for r in rates])
-    # the same learner's training step alone, on the same samples in the same batches
-    learner = make_learner(s.trainer, 20)
-    batches = [Columns.from_records(samples[k:k + 4096]).to_batch(s.trainer.user_buckets, s.trainer.item_buckets)
-               for k in range(0, len(samples), 4096)]
-    step_began = time.perf_counter()
-    for b in batches:
-        learner.step(b)
-    step_rate = len(samples) / (time.perf_counter() - step_began)
-    emit("trainer", "step_samples_per_s_mf_b4096", step_rate, "samples/s", len(samples))
+    step_rate = step_throughput(s.trainer, samples, repeats)
     emit("trainer", "service_to_step_ratio", rate / step_rate, "ratio", summary.samples_trained)
+    # the service takes one Kafka message per sample: consuming alone bounds it, whatever its decoding costs
+    consumed = float(np.median([consume_only(s, n, f"{s.trainer.group_id}-consume-{k}") for k in range(repeats)]))
+    emit("trainer", "consume_only_messages_per_s", consumed, "messages/s", n)
+    emit("trainer", "consume_and_step_ratio_ceiling", consumed / (consumed + step_rate), "ratio", n)
+
+
+def step_throughput(trainer: TrainerSettings, samples: list[dict[str, object]], repeats: int) -> float:
+    """The service's learner's training step alone on the same samples in the same batches: the median
+    of `repeats` passes after one step, whose time (the optimizer's state, allocated on the first
+    step) is reported on its own, as it made single passes spread by ±30 %."""
+    learner = make_learner(trainer, 20)
+    batches = [Columns.from_records(samples[k:k + 4096]).to_batch(trainer.user_buckets, trainer.item_buckets)
+               for k in range(0, len(samples), 4096)]
+    began = time.perf_counter()
+    learner.step(batches[0])
+    emit("trainer", "first_step_ms_mf_b4096", 1000 * (time.perf_counter() - began), "ms", len(batches[0]))
+    rates = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        for b in batches:
+            learner.step(b)
+        rates.append(len(samples) / (time.perf_counter() - began))
+    step_rate = float(np.median(rates))
+    emit("trainer", "step_samples_per_s_mf_b4096", step_rate, "samples/s", len(samples),
+         runs=[round(r) for r in rates])
+    return step_rate
+
+
+def consume_only(settings: Settings, n: int, group_id: str) -> float:
+    """Messages/s of a consumer configured as the service's (its read-ahead, read_committed) taking each
+    message's value and headers from the samples topic's backlog, with the collector paused as the
+    service's polls are, and nothing else: from its first message to its `n`-th."""
+    s = settings
+    config = {**fetch_properties(s.trainer), **s.kafka.security.librdkafka()}
+    consumer = Consumer(consumer_config(s.kafka.bootstrap_servers, group_id, "read_committed", "earliest", **config))
+    topic = s.kafka.topics.samples
+    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+    try:
+        got, began = 0, None
+        deadline = time.monotonic() + 120
+        while got < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"consumed {got} of {n} samples in 120 s")
+            with cyclic_gc_paused():
+                messages = consumer.consume(num_messages=4096, timeout=1.0)
+                if began is None and messages:
+                    began = time.perf_counter()
+                values, headers = list(map(Message.value, messages)), list(map(Message.headers, messages))
+                got += list(map(Message.error, messages)).count(None)
+                del messages, values, headers
+        return n / (time.perf_counter() - (began or 0.0))
+    finally:
+        consumer.close()
 
 
 def ranks_throughput(settings: Settings, n: int, rank_counts: list[int], partitions: int = 6,
