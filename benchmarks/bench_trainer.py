@@ -25,7 +25,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from benchmarks.common import emit
 from benchmarks.run_data import remove_runs, tracked
 from core.collector import cyclic_gc_paused
-from core.kafka import consumer_config, producer_config
+from core.kafka import consumer_config, poll_messages, producer_config
 from core.settings import Settings, TrainerSettings, load_settings
 from gpu_trainer.batch import Columns
 from gpu_trainer.kafka_adapters import fetch_properties
@@ -183,8 +183,8 @@ def step_throughput(trainer: TrainerSettings, samples: list[dict[str, object]], 
 
 def consume_only(settings: Settings, n: int, group_id: str) -> float:
     """Messages/s of a consumer configured as the service's (its read-ahead, read_committed) taking each
-    message's value and headers from the samples topic's backlog, with the collector paused as the
-    service's polls are, and nothing else: from its first message to its `n`-th."""
+    message's value and headers from the samples topic's backlog, polled and paused as the service's
+    polls are (core.kafka.poll_messages), and nothing else: from its first message to its `n`-th."""
     s = settings
     config = {**fetch_properties(s.trainer), **s.kafka.security.librdkafka()}
     consumer = Consumer(consumer_config(s.kafka.bootstrap_servers, group_id, "read_committed", "earliest", **config))
@@ -197,12 +197,12 @@ def consume_only(settings: Settings, n: int, group_id: str) -> float:
         while got < n:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"consumed {got} of {n} samples in 120 s")
-            with cyclic_gc_paused():
-                messages = consumer.consume(num_messages=4096, timeout=1.0)
+            with cyclic_gc_paused() as pause:
+                messages = poll_messages(consumer, 4096, 1.0, fill=True, pause=pause)
                 if began is None and messages:
                     began = time.perf_counter()
                 values, headers = list(map(Message.value, messages)), list(map(Message.headers, messages))
-                got += list(map(Message.error, messages)).count(None)
+                got += len(messages)
                 del messages, values, headers
         return n / (time.perf_counter() - (began or 0.0))
     finally:
