@@ -45,12 +45,16 @@ import org.apache.flink.types.Row;
     "ROW<event_id STRING, user_id STRING, item_id STRING, event_type STRING, event_time_ms BIGINT, "
         + "dwell_ms BIGINT, `position` INT, session_id STRING, error STRING>"))
 public class DecodeInteractionEvent extends ScalarFunction {
-  private static final String[] TYPES = {"impression", "click", "like", "cart", "order", "share"};
+  private static final java.util.List<String> TYPES =
+      Arrays.asList("impression", "click", "like", "cart", "order", "share");
 
   private transient String cachedWriters;
   private transient Map<String, GenericDatumReader<GenericRecord>> readers;
   private transient Map<String, Schema> writers;
   private transient BinaryDecoder decoder;
+  /** The current schema's header, and a reader of its layout (null: none, every value the general way). */
+  private transient String currentHeader;
+  private transient CurrentEventReader current;
 
   /** How long a kept result may be handed out again: the accepted time range moves with the clock. */
   private static final long KEPT_FOR_MS = 1000;
@@ -115,7 +119,8 @@ public class DecodeInteractionEvent extends ScalarFunction {
     if (!writerSchemas.equals(cachedWriters)) {
       readers = new HashMap<>();
       writers = new HashMap<>();
-      readersByHeader(writerSchemas, readerSchemaJson, readers, writers);
+      currentHeader = readersByHeader(writerSchemas, readerSchemaJson, readers, writers);
+      current = currentHeader == null ? null : CurrentEventReader.forSchema(writers.get(currentHeader));
       cachedWriters = writerSchemas;
     }
     byte[] header = headers == null ? null : headers.get("rtrec-schema");
@@ -134,6 +139,11 @@ public class DecodeInteractionEvent extends ScalarFunction {
       return error("value of " + value.length + " bytes is larger than flink.max_event_bytes (" + maxValueBytes
           + ")");
     }
+    if (current != null && headerText.equals(currentHeader) && current.read(value)) {
+      CurrentEventReader r = current;
+      return checked(r.eventId, r.userId, r.itemId, r.eventType, r.eventTime, r.dwellMs, r.position, r.sessionId,
+          maxPastMs, maxFutureMs, minTimeMs, maxIdLength);
+    }
     String bad = LengthCheck.check(writers.get(headerText), value);
     if (bad != null) {
       return error("undecodable InteractionEvent: " + bad);
@@ -151,20 +161,25 @@ public class DecodeInteractionEvent extends ScalarFunction {
     } catch (Exception e) {
       return error("undecodable InteractionEvent: " + e.getClass().getSimpleName() + ": " + e.getMessage());
     }
-    String eventId = str(rec.get("event_id"));
-    String userId = str(rec.get("user_id"));
-    String itemId = str(rec.get("item_id"));
-    String type = str(rec.get("event_type"));
+    Object session = rec.get("session_id");
+    return checked(str(rec.get("event_id")), str(rec.get("user_id")), str(rec.get("item_id")),
+        str(rec.get("event_type")), (Long) rec.get("event_time"), (Long) rec.get("dwell_ms"),
+        (Integer) rec.get("position"), session == null ? null : session.toString(), maxPastMs, maxFutureMs, minTimeMs,
+        maxIdLength);
+  }
+
+  /** The decoded event as the job's row, or why it is not one. */
+  private static Row checked(String eventId, String userId, String itemId, String type, long t, Long dwell,
+      Integer position, String session, Long maxPastMs, Long maxFutureMs, long minTimeMs, long maxIdLength) {
     if (eventId.isEmpty() || userId.isEmpty() || itemId.isEmpty()) {
       return error("missing required field (event_id, user_id or item_id is empty)");
     }
     if (Math.max(eventId.length(), Math.max(userId.length(), itemId.length())) > maxIdLength) {
       return error("an id is longer than flink.max_id_length (" + maxIdLength + " characters)");
     }
-    if (!Arrays.asList(TYPES).contains(type)) {
+    if (!TYPES.contains(type)) {
       return error("unknown event_type '" + type + "'");
     }
-    long t = (Long) rec.get("event_time");
     long now = System.currentTimeMillis();
     if (t < minTimeMs) {
       return error("event_time " + t + " is before flink.min_event_time_ms (" + minTimeMs + ")");
@@ -173,22 +188,20 @@ public class DecodeInteractionEvent extends ScalarFunction {
       return error("event_time " + t + " is out of the accepted range (flink.max_future_skew_ms, "
           + "flink.max_event_age_ms)");
     }
-    Object dwell = rec.get("dwell_ms");
-    Object position = rec.get("position");
-    if (dwell != null && (Long) dwell < 0) {
+    if (dwell != null && dwell < 0) {
       return error("dwell_ms " + dwell + " is negative");
     }
-    if (position != null && (Integer) position < 0) {
+    if (position != null && position < 0) {
       return error("position " + position + " is negative");
     }
-    Object session = rec.get("session_id");
-    return Row.of(eventId, userId, itemId, type, t, dwell == null ? null : (Long) dwell,
-        position == null ? null : (Integer) position, session == null ? null : session.toString(), null);
+    return Row.of(eventId, userId, itemId, type, t, dwell, position, session, null);
   }
 
-  private static void readersByHeader(String writerSchemas, String readerSchemaJson,
+  /** Fills the readers and writers per header; returns the header of the reader schema itself, or null. */
+  private static String readersByHeader(String writerSchemas, String readerSchemaJson,
       Map<String, GenericDatumReader<GenericRecord>> readers, Map<String, Schema> writers) {
     Schema readerSchema = new Schema.Parser().parse(readerSchemaJson);
+    String current = null;
     for (String line : writerSchemas.split("\n")) {
       int tab = line.indexOf('\t');
       if (tab < 0) {
@@ -197,7 +210,11 @@ public class DecodeInteractionEvent extends ScalarFunction {
       Schema writer = new Schema.Parser().parse(line.substring(tab + 1));
       readers.put(line.substring(0, tab), new GenericDatumReader<>(writer, readerSchema));
       writers.put(line.substring(0, tab), writer);
+      if (writer.equals(readerSchema)) {
+        current = line.substring(0, tab);
+      }
     }
+    return current;
   }
 
   private static String str(Object o) {
