@@ -1,11 +1,12 @@
 """Feature-job figures on the local services:
 
-- pipeline: events/s through the windows into every sink (features, samples, dead letters) and, in
-  the same run, the same window query into a blackhole sink; the ratio is the figure (both bounded
-  over the same pre-produced events; job start-up, measured on an empty range, is subtracted);
+- pipeline: events/s through the whole job into every sink (features, samples, dead letters) and, in
+  the same run, the engine's own 3 s tumbling window over the same source and decoding into a
+  blackhole; the ratio is the figure (both bounded over the same pre-produced events; job start-up,
+  measured on an empty range, is subtracted), with the feature records written per event;
 - loader: windowed rows/s from the features topic into Redis;
 - freshness: window close (window end + watermark delay) -> readable in Redis, p50/p99, live; the
-  users' recent lists apart (they come through the samples' source, held back 1.5 windows by design);
+  users' recent lists apart;
   the windows' part up to the loader (fetched and decoded), and the loader's write time per record,
   its own CPU and Redis's script time per record beside it;
 - reads: entities/s through get_online_features (batches of 100 and 1000 users drawn at random)
@@ -14,7 +15,7 @@
   sketches) against reads of impressions over them;
 - stages (only with `--only stages`): events/s through ever more of the job, to show where time goes;
 - options (only with `--only options [--cases a,b] [--rounds N]`): the whole job under each of
-  OPTION_CASES' Flink options (mini-batch, split distinct, RocksDB, buffer timeout, ...), interleaved.
+  OPTION_CASES' Flink options (RocksDB, buffer timeout, object reuse, ...), interleaved.
 
 Run: `.venv/bin/python -m benchmarks.bench_features [--events 300000]`. Writes
 `benchmarks/out/feature_freshness_<case>.png`.
@@ -48,14 +49,12 @@ from core.settings import Settings, load_settings
 from feature_store.keys import entity_key_prefix
 from feature_store.loader import LoaderConfig, LoaderStats, run_loader
 from feature_store.redis_store import RedisFeatureStore, tile_layout
-from flink_jobs.ddl import columns, events_source_ddl
 from flink_jobs.environment import table_environment
-from flink_jobs.feature_job import build_job, decode_args, feature_queries
-from flink_jobs.feature_sql import SMALLEST_HASHES, decoded_view_sql, good_events_sql
-from flink_jobs.range_options import connector_options
+from flink_jobs.feature_job import add_decoded_views, add_events_source, add_operators, build_job
+from flink_jobs.feature_sql import tumble_table
 from rtrec.reports import Freshness
 from rtrec.sources.produce import produce_synthetic
-from schemas.feature_set import HORIZONS_S, names_for
+from schemas.feature_set import names_for
 from schemas.serde import serializer
 
 OUT = Path(__file__).parent / "out"
@@ -80,115 +79,117 @@ def on_session_cluster(s: Settings, jobmanager: str) -> Settings:
     return s.model_copy(update={"flink": s.flink.model_copy(update={"config": {**s.flink.config, **remote}})})
 
 
-def bounded_seconds(s: Settings, blackhole: bool, log_range: LogRange, decode_only: bool = False) -> float:
+def bounded_seconds(s: Settings, query: str, log_range: LogRange) -> float:
+    """Seconds for one bounded run of `query` over `log_range`: "job" (the whole job, every sink),
+    "operators" (the job with its feature and sample rows into blackholes instead of the topics),
+    "window" (the reference: the job's source and decoding, then one 3 s tumbling count per user of the
+    well-formed events, the engine's own window, into a blackhole) or "decode" (the source and decoding
+    alone)."""
     t_env = table_environment(s)
     began = time.perf_counter()
-    if decode_only:
-        _good_events_view(t_env, s, log_range)
-        t_env.execute_sql("CREATE TEMPORARY TABLE decoded_hole (user_id STRING, item_id STRING, event_type STRING) "
-                          "WITH ('connector' = 'blackhole')")
-        t_env.execute_sql("INSERT INTO decoded_hole SELECT user_id, item_id, event_type FROM events").wait()
-    elif blackhole:
-        f = s.flink
-        _good_events_view(t_env, s, log_range)
-        queries = feature_queries(f)
-        cols = ", ".join(f"`{n}` {t}" for n, t in columns("FeatureRecord"))
-        t_env.execute_sql(f"CREATE TEMPORARY TABLE sink_hole (entity_id_key BYTES, {cols}, "
-                          "headers MAP<STRING, BYTES>) WITH ('connector' = 'blackhole')")
-        statements = t_env.create_statement_set()
-        statements.add_insert_sql("INSERT INTO sink_hole " + "\nUNION ALL\n".join(queries))
-        statements.execute().wait()
-    else:
+    if query == "job":
         build_job(s, t_env, log_range=log_range, job_id=f"bench-{uuid.uuid4().hex[:6]}").execute().wait()
+        return time.perf_counter() - began
+    _decoded_events(t_env, s, log_range)
+    statements = t_env.create_statement_set()
+    if query == "decode":
+        t_env.execute_sql("CREATE TEMPORARY TABLE hole (user_id STRING, item_id STRING, event_type STRING) "
+                          "WITH ('connector' = 'blackhole')")
+        statements.add_insert_sql("INSERT INTO hole SELECT user_id, item_id, event_type FROM events")
+    elif query == "window":
+        t_env.execute_sql("CREATE TEMPORARY TABLE hole (user_id STRING, window_end TIMESTAMP(3), n BIGINT) "
+                          "WITH ('connector' = 'blackhole')")
+        statements.add_insert_sql(f"INSERT INTO hole SELECT user_id, window_end, COUNT(*) FROM "
+                                  f"TABLE({tumble_table(s.flink.window_s)}) GROUP BY window_start, window_end, user_id")
+    elif query == "operators":
+        add_operators(s, t_env, "events_raw", with_samples=True)
+        for view in ("feature_rows", "sample_rows"):
+            t_env.execute_sql(f"CREATE TEMPORARY TABLE {view}_hole (`key` BYTES, `value` BYTES, "
+                              "`headers` MAP<STRING, BYTES>) WITH ('connector' = 'blackhole')")
+            statements.add_insert_sql(f"INSERT INTO {view}_hole SELECT * FROM {view}")
+    else:
+        raise ValueError(f"no query {query!r}")
+    statements.execute().wait()
     return time.perf_counter() - began
 
 
-def _good_events_view(t_env: Any, s: Settings, log_range: LogRange) -> None:
-    """The job's source and decoding, as the view `events`, for the blackhole variants."""
-    k, f = s.kafka, s.flink
-    t_env.create_java_temporary_system_function("RTREC_DECODE_EVENT", "dev.rtrec.flink.DecodeInteractionEvent")
-    t_env.create_java_temporary_system_function("RTREC_EVENT_TIME", "dev.rtrec.flink.EventTimeOf")
-    t_env.create_java_temporary_system_function(SMALLEST_HASHES, "dev.rtrec.flink.SmallestHashes")
-    args = decode_args(s)
-    t_env.execute_sql(events_source_ddl("events_raw", k.topics.events, k.bootstrap_servers, f.group_id + "b",
-                                        f.watermark_delay_ms, "RTREC_EVENT_TIME", args,
-                                        connector_options(log_range)))
-    t_env.create_temporary_view("decoded", t_env.sql_query(decoded_view_sql("events_raw", "RTREC_DECODE_EVENT", args)))
-    t_env.create_temporary_view("events", t_env.sql_query(good_events_sql("decoded", f.window_s)))
+def _decoded_events(t_env: Any, s: Settings, log_range: LogRange) -> None:
+    """The job's source (`events_raw`) and its decoding in SQL, as the views `events_decoded` and
+    `events` (the well-formed)."""
+    add_events_source(s, t_env, "events", s.flink.group_id + "b", log_range)
+    add_decoded_views(s, t_env, "events")
+
+
+def rate(s: Settings, query: str, n_events: int) -> float:
+    """Events/s of one bounded run of `query` over the whole topic, its start-up (a run over an empty
+    range) subtracted."""
+    everything, nothing = LogRange(Earliest(), Latest()), LogRange(Latest(), Latest())
+    return n_events / (bounded_seconds(s, query, everything) - bounded_seconds(s, query, nothing))
 
 
 def pipeline(settings: Settings, n_events: int, rounds: int = 2) -> None:
-    """The whole job and the blackhole query over the same events, alternating for `rounds` rounds
-    after a run of each that only warms the JVM. Measured once each, the job ran first in a cold JVM
-    and the blackhole query after it in a warm one, so the two were not measured alike. The figures
-    are the medians; each round's ratio is printed too."""
+    """The whole job and the reference window query over the same events, alternating for `rounds`
+    rounds after a run of each that only warms the JVM. Measured once each, the job ran first in a
+    cold JVM and the reference after it in a warm one, so the two were not measured alike. The figures
+    are the medians; each round's ratio is printed too, and what the job wrote per event."""
     s = isolated(settings)
     k = s.kafka
     ensure_topics(k.bootstrap_servers, list(k.topics.model_dump().values()), k.partitions)
     print(f"producing {n_events} synthetic events", file=sys.stderr)
     produce_synthetic(s, n_events, start_ms=int(time.time() * 1000) - 3_600_000, progress=True)
-    everything, nothing = LogRange(Earliest(), Latest()), LogRange(Latest(), Latest())
-    bounded_seconds(_own_outputs(s), False, everything)  # warm-ups
-    bounded_seconds(s, True, everything)  # the blackhole query writes no topic
+    everything = LogRange(Earliest(), Latest())
+    bounded_seconds(_own_outputs(s), "job", everything)  # warm-ups
+    bounded_seconds(s, "window", everything)
     full: list[float] = []
     hole: list[float] = []
-    overheads: list[float] = []
+    written: dict[str, int] = {}
     for r in range(rounds):
         case = _own_outputs(s)  # sinks of its own per run, as in options()
-        overheads.append(bounded_seconds(case, False, nothing))
-        full.append(n_events / (bounded_seconds(case, False, everything) - overheads[-1]))
-        hole.append(n_events / (bounded_seconds(s, True, everything) - bounded_seconds(s, True, nothing)))
-        print(f"round {r + 1}/{rounds}: all sinks {full[-1]:,.0f} events/s, blackhole {hole[-1]:,.0f} events/s, "
-              f"ratio {full[-1] / hole[-1]:.3f}", file=sys.stderr, flush=True)
+        full.append(rate(case, "job", n_events))
+        hole.append(rate(s, "window", n_events))
+        t = case.kafka.topics
+        written = {kind: committed_records(case, topic) for kind, topic in
+                   (("features", t.features), ("samples", t.samples), ("dead_letters", t.dead_letter))}
+        print(f"round {r + 1}/{rounds}: all sinks {full[-1]:,.0f} events/s, 3 s window into a blackhole "
+              f"{hole[-1]:,.0f} events/s, ratio {full[-1] / hole[-1]:.3f}; wrote {written}",
+              file=sys.stderr, flush=True)
     ratios = [f / h for f, h in zip(full, hole, strict=True)]
     emit("features", "pipeline_all_sinks", float(np.median(full)), "events/s", n_events,
-         runs=[round(x) for x in full], startup_s=round(float(np.median(overheads)), 2))
-    emit("features", "pipeline_blackhole", float(np.median(hole)), "events/s", n_events, runs=[round(x) for x in hole])
-    emit("features", "pipeline_ratio_all_sinks_vs_blackhole", float(np.median(ratios)), "ratio", n_events,
+         runs=[round(x) for x in full], wrote=written)
+    emit("features", "pipeline_window_blackhole", float(np.median(hole)), "events/s", n_events,
+         runs=[round(x) for x in hole])
+    emit("features", "pipeline_ratio_all_sinks_vs_window_blackhole", float(np.median(ratios)), "ratio", n_events,
          runs=[round(x, 3) for x in ratios])
+    emit("features", "feature_records_per_event", written["features"] / n_events, "records/event", n_events)
 
 
 def stages(settings: Settings, n_events: int) -> None:
-    """Where the pipeline's time goes: the same events through ever more of the job, into a blackhole
-    (the last line: every real sink). Each figure is bounded, start-up subtracted as in pipeline()."""
+    """Where the pipeline's time goes: the same events through ever more of the job (see
+    bounded_seconds), the last line every real sink."""
     s = isolated(settings)
     k = s.kafka
     ensure_topics(k.bootstrap_servers, list(k.topics.model_dump().values()), k.partitions)
     produce_synthetic(s, n_events, start_ms=int(time.time() * 1000) - 3_600_000, progress=True)
-    everything, nothing = LogRange(Earliest(), Latest()), LogRange(Latest(), Latest())
-    cases = [("decode", s, True, True), ("windows_3s", _horizons(s, ()), True, False),
-             ("windows_3s_and_60s", _horizons(s, HORIZONS_S[:1]), True, False),
-             ("windows_all", s, True, False), ("windows_all_real_sinks", s, False, False)]
-    for name, case, blackhole, decode_only in cases:
-        took = (bounded_seconds(case, blackhole, everything, decode_only)
-                - bounded_seconds(case, blackhole, nothing, decode_only))
-        emit("features", f"stage_{name}", n_events / took, "events/s", n_events)
+    bounded_seconds(s, "operators", LogRange(Earliest(), Latest()))  # warms the JVM
+    for name in ("decode", "window", "operators", "job"):
+        emit("features", f"stage_{name}", rate(_own_outputs(s) if name == "job" else s, name, n_events),
+             "events/s", n_events)
 
 
 # Flink options worth measuring on the whole job (issue: "measure each, keep what pays"): each case's
 # update of the flink settings, against the defaults in the same process and rounds. A rate counts only
-# if the case wrote what the defaults wrote: mini-batch puts a processing-time MiniBatchAssigner on the
-# features' source, which swallows the event-time watermarks (the features' windows then see none).
+# if the case wrote what the defaults wrote.
 OPTION_CASES: dict[str, dict[str, Any]] = {
     "defaults": {},
-    "mini_batch_200ms": {"config": {"table.exec.mini-batch.enabled": "true",
-                                    "table.exec.mini-batch.allow-latency": "200 ms",
-                                    "table.exec.mini-batch.size": "5000"}},
-    "split_distinct": {"config": {"table.optimizer.distinct-agg.split.enabled": "true"}},
     "rocksdb": {"config": {"state.backend.type": "rocksdb"}},
     "buffer_timeout_100ms": {"buffer_timeout_ms": 100},
     "checkpoint_30s": {"checkpoint_interval_ms": 30_000},
     "fetch_1MiB": {"source_fetch_bytes": 1 << 20},
     "object_reuse": {"config": {"pipeline.object-reuse": "true"}},
-    # local pre-aggregation before the keyed windows, Flink's default (the job sets ONE_PHASE)
-    "two_phase_agg": {"config": {"table.optimizer.agg-phase-strategy": "AUTO"}},
     "parallelism_2": {"parallelism": 2},  # the events topic has 2 partitions
     # the sinks' producers: larger batches, waiting up to 20 ms to fill them, compressed
     "sink_batching": {"sink_producer": {"linger.ms": "20", "batch.size": "262144", "compression.type": "lz4"}},
-    # a bound, not a candidate (other features): the longer horizons fired once per window, not once per
-    # slide, which is what emitting per-slide windows costs the job (tiles would remove most of that)
-    "horizons_tumbling": {"horizon_slides_s": {60: 60, 600: 600}},
-    # a bound too: what the users' recent lists cost (their OVER aggregate, versions and temporal join)
+    # a bound: what the users' recent lists cost
     "no_history": {"history_length": 0},
     # what the tiles' sketches of counterpart hashes cost the job (the default keeps 64 per tile)
     "no_distinct_sketches": {"distinct_sketch_size": 0},
@@ -204,15 +205,13 @@ def options(settings: Settings, n_events: int, rounds: int, names: list[str]) ->
     k = s.kafka
     ensure_topics(k.bootstrap_servers, list(k.topics.model_dump().values()), k.partitions)
     produce_synthetic(s, n_events, start_ms=int(time.time() * 1000) - 3_600_000, progress=True)
-    everything, nothing = LogRange(Earliest(), Latest()), LogRange(Latest(), Latest())
-    bounded_seconds(s, False, everything)
+    bounded_seconds(s, "job", LogRange(Earliest(), Latest()))
     rates: dict[str, list[float]] = {n: [] for n in names}
     written: dict[str, dict[str, int]] = {}
     for r in range(rounds):
         for name in names:
             case = _own_outputs(with_option(s, OPTION_CASES[name]))
-            took = bounded_seconds(case, False, everything) - bounded_seconds(case, False, nothing)
-            rates[name].append(n_events / took)
+            rates[name].append(rate(case, "job", n_events))
             t = case.kafka.topics
             written[name] = {kind: committed_records(case, topic) for kind, topic in
                              (("features", t.features), ("samples", t.samples), ("dead_letters", t.dead_letter))}
@@ -263,10 +262,6 @@ def committed_records(s: Settings, topic: str) -> int:
     finally:
         consumer.close()
     return count
-
-
-def _horizons(s: Settings, horizons: tuple[int, ...]) -> Settings:
-    return s.model_copy(update={"flink": s.flink.model_copy(update={"horizons_s": horizons})})
 
 
 TILES_MS = {h: tile * 1000 for h, tile in tile_layout(Settings().flink).items()}  # the default job's
@@ -402,7 +397,7 @@ def freshness(settings: Settings, seconds: float, rate: float, checkpoint_ms: in
     if not measured:
         return
     # only windows that closed while events flowed (the last ones close on the next events, never here);
-    # the recent lists apart: they come through the samples' source, held back 1.5 base windows by design
+    # the recent lists apart
     stats = results[0]
     fresh = Freshness.of(stats.latencies_ms, stats.horizons_s, s.flink.watermark_delay_ms, stats.received_ms)
     received = fresh.windows_at_loader_ms  # the job's and Kafka's part of the latency

@@ -374,10 +374,9 @@ class FlinkSettings(Section):
     # online store gets the same lists per user (twice history_length kept; cut the same way on reads).
     history_length: int = Field(default=10, ge=0, le=100)
     history_lookback_s: int = Field(default=3600, gt=0)
-    # The job forgets a user's list (and the join's versions of it) after this long without their
-    # events, in processing time; entries older than history_lookback_s are never read anyway. 0: never
-    # (the state grows with every user ever seen). Flink's table.exec.state.ttl: it also bounds how long
-    # an impression may wait in the join for a stalled watermark (an events partition silent this long).
+    # The job forgets a user's list after this long without their engagements, in processing time, as
+    # Flink's state TTL would. Entries older than history_lookback_s are dropped by event time anyway
+    # (nothing reads them), so the state stays bounded with 0 (never) too.
     state_ttl_s: int = Field(default=86_400, ge=0)
     max_future_skew_ms: int = 3_600_000
     max_event_age_ms: int | None = None  # None: any age (historical replays); else older is malformed
@@ -415,24 +414,6 @@ class FlinkSettings(Section):
         """How far a long horizon's window hops, the length of its tiles: its horizon_slides_s entry,
         else the base window."""
         return self.horizon_slides_s.get(horizon_s, self.window_s)
-
-    @property
-    def samples_hold_back_ms(self) -> int:
-        """How far the samples' watermark trails the features' (flink_jobs/feature_job.py): one base
-        window, so that every event the features count is ahead of it, and half a window more, so that
-        the samples' windows close between the features' rather than at the same moments. In step, both
-        bursts of closing windows fell on the same instants and delayed the features' windows (README
-        "Freshness").
-
-        >>> FlinkSettings().samples_hold_back_ms
-        4500
-        """
-        return self.window_s * 1500
-
-    @property
-    def samples_group_id(self) -> str:
-        """The consumer group of the job's second source, the samples' (flink_jobs/feature_job.py)."""
-        return f"{self.group_id}-samples"
 
     @model_validator(mode="after")
     def _lists_outlive_their_lookback(self) -> FlinkSettings:

@@ -107,10 +107,3 @@ def pair_id(user_id: str, item_id: str) -> str:
     """The entity id of a user-item pair (feature job and readers alike)."""
     return f"{_escape(user_id)}|{_escape(item_id)}"
 
-
-def pair_id_sql(user_column: str, item_column: str) -> str:
-    """The same as `pair_id`, as a Flink SQL expression."""
-    def escaped(column: str) -> str:
-        return f"REPLACE(REPLACE({column}, '\\', '\\\\'), '|', '\\|')"
-
-    return f"{escaped(user_column)} || '|' || {escaped(item_column)}"

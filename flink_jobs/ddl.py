@@ -101,6 +101,27 @@ def events_source_ddl(name: str, topic: str, bootstrap: str, group_id: str, wate
 ) {with_options(options)}"""
 
 
+def bytes_sink_ddl(name: str, topic: str, bootstrap: str, exactly_once: bool, transactional_prefix: str,
+                   client: Mapping[str, str] | None = None) -> str:
+    """A sink of records already encoded (the feature operators write Avro themselves): key, value
+    and headers, written as they are."""
+    options = kafka_options(topic, bootstrap, client, **{
+        "key.format": "raw", "key.fields": "key", "value.format": "raw", "value.fields-include": "EXCEPT_KEY",
+        **delivery(exactly_once, transactional_prefix)})
+    return f"""CREATE TEMPORARY TABLE {name} (
+  `key` BYTES,
+  `value` BYTES,
+  `headers` MAP<STRING, BYTES> METADATA
+) {with_options(options)}"""
+
+
+def delivery(exactly_once: bool, transactional_prefix: str) -> dict[str, str]:
+    """Exactly-once (transactions committed on checkpoints, under `transactional_prefix`) or at-least-once."""
+    if exactly_once:
+        return {"sink.delivery-guarantee": "exactly-once", "sink.transactional-id-prefix": transactional_prefix}
+    return {"sink.delivery-guarantee": "at-least-once"}
+
+
 def avro_sink_ddl(name: str, schema_name: str, topic: str, bootstrap: str, exactly_once: bool,
                   transactional_prefix: str, key_field: str | None = None,
                   client: Mapping[str, str] | None = None) -> str:
@@ -109,11 +130,7 @@ def avro_sink_ddl(name: str, schema_name: str, topic: str, bootstrap: str, exact
     if key_field:
         options.update({"key.format": "raw", "key.fields": key_field + "_key", "value.fields-include": "EXCEPT_KEY"})
         cols = f"`{key_field}_key` BYTES,\n  " + cols
-    if exactly_once:
-        options.update({"sink.delivery-guarantee": "exactly-once",
-                        "sink.transactional-id-prefix": transactional_prefix})
-    else:
-        options["sink.delivery-guarantee"] = "at-least-once"
+    options.update(delivery(exactly_once, transactional_prefix))
     return f"""CREATE TEMPORARY TABLE {name} (
   {cols},
   `headers` MAP<STRING, BYTES> METADATA

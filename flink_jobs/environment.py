@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pyflink.table import EnvironmentSettings, TableEnvironment
+from pyflink.datastream import StreamExecutionEnvironment
+from pyflink.table import EnvironmentSettings, StreamTableEnvironment, TableEnvironment
 
 from core.maven import resolve_jars
 from core.settings import Settings
@@ -21,8 +22,12 @@ def table_environment(settings: Settings, streaming: bool = True) -> TableEnviro
     if settings.kafka.security.oauth:
         connector_on_gateway_classpath(f.prebuilt_jars_dir
                                        or resolve_jars("flink-pom.xml", settings.services.jar_cache_dir))
-    env_settings = EnvironmentSettings.in_streaming_mode() if streaming else EnvironmentSettings.in_batch_mode()
-    t_env = TableEnvironment.create(env_settings)
+    if streaming:  # a stream table environment: the job's operators are DataStream operators between its SQL
+        t_env: TableEnvironment = StreamTableEnvironment.create(
+            StreamExecutionEnvironment.get_execution_environment(),
+            environment_settings=EnvironmentSettings.in_streaming_mode())
+    else:
+        t_env = TableEnvironment.create(EnvironmentSettings.in_batch_mode())
     if settings.kafka.security.jvm_system_properties():
         # The embedded mini-cluster runs in the gateway's JVM: its connector reads them there. A cluster's
         # task managers need them in env.java.opts.all (README: "Connecting to a secured cluster").
@@ -42,12 +47,6 @@ def table_environment(settings: Settings, streaming: bool = True) -> TableEnviro
     conf.set("pipeline.auto-watermark-interval", f"{f.watermark_interval_ms} ms")
     conf.set("execution.buffer-timeout.interval", f"{f.buffer_timeout_ms} ms")
     conf.set("pipeline.name", "rtrec-features")
-    # No local pre-aggregation before the keyed windows: most keys (every user-item pair) hold about one
-    # event per 3 s window, so the local step only buffered and copied rows (medians +10 % and +22 % events/s,
-    # README "Flink options"). flink.config can set AUTO back.
-    conf.set("table.optimizer.agg-phase-strategy", "ONE_PHASE")
-    # Windows and interval joins free their state by the watermark; this bounds the rest (the lists)
-    conf.set("table.exec.state.ttl", f"{f.state_ttl_s} s" if f.state_ttl_s else "0 ms")
     conf.set("restart-strategy.type", "failure-rate")
     conf.set("restart-strategy.failure-rate.max-failures-per-interval", str(f.max_restarts))
     conf.set("restart-strategy.failure-rate.failure-rate-interval", f"{f.restart_window_s} s")

@@ -120,6 +120,6 @@ def run_backfill(settings: Settings, log_range: LogRange, with_samples: bool = T
 def _wait(job: object, s: Settings, offsets: Mapping[int, tuple[int, int]], with_samples: bool,
           say: Callable[[str], None]) -> None:
     try:
-        wait_reporting_reads(job, s, offsets, say, "backfill", with_samples)
+        wait_reporting_reads(job, s, offsets, say, "backfill")
     except Exception as exc:  # the job's failure, with where its log is
         raise BackfillError(f"backfill job failed: {exc}; see {s.flink.log_dir}") from exc

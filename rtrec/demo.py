@@ -155,10 +155,10 @@ def run_demo(base: Settings, seconds: float, rate: float, say: Callable[[str], N
 
 
 def _label_delay_s(s: Settings) -> float:
-    """How far the samples' watermark trails the newest event: a sample is written once it is past the
-    impression by the attribution window, its tumbling window and the samples' hold-back."""
+    """How far a sample trails the newest event: it is written once the watermark has passed the base
+    window holding the end of its impression's attribution window."""
     f = s.flink
-    return f.attribution_window_s + f.window_s + (f.samples_hold_back_ms + f.watermark_delay_ms) / 1000
+    return f.attribution_window_s + f.window_s + f.watermark_delay_ms / 1000
 
 
 def _wait_for_trainer(trainer: TrainerProcess, say: Callable[[str], None], quiet_s: float = 10.0,

@@ -2,8 +2,7 @@
 
 The Kafka source commits its offsets to its group when a checkpoint completes, so the group's offsets
 tell how much of the range the job has read, at most a checkpoint interval behind, without touching
-the job. The job has two sources (features and samples, flink_jobs/feature_job.py); the run waits
-for the slower, so that is the figure given."""
+the job."""
 
 from __future__ import annotations
 
@@ -16,12 +15,6 @@ from core.kafka import committed_offsets
 from core.settings import Settings
 
 
-def source_groups(settings: Settings, with_samples: bool = True) -> list[str]:
-    """The consumer groups the job's sources commit to."""
-    f = settings.flink
-    return [f.group_id, f.samples_group_id] if with_samples else [f.group_id]
-
-
 def records_read(committed: Mapping[int, int], offsets: Mapping[int, tuple[int, int]]) -> int:
     """How many of the range's records lie before the committed offsets.
 
@@ -32,7 +25,7 @@ def records_read(committed: Mapping[int, int], offsets: Mapping[int, tuple[int, 
 
 
 def wait_reporting_reads(job: Any, settings: Settings, offsets: Mapping[int, tuple[int, int]],
-                         say: Callable[[str], None], what: str, with_samples: bool = True) -> None:
+                         say: Callable[[str], None], what: str) -> None:
     """Waits for `job` (a TableResult) to end; every flink.progress_every_s says how many of the
     range's records (`offsets`: per partition of the events topic, [start, end)) the job has read. The
     job's own error is raised as it is."""
@@ -56,9 +49,8 @@ def wait_reporting_reads(job: Any, settings: Settings, offsets: Mapping[int, tup
             break
         running = f"[{what}] job running for {time.monotonic() - began:.0f} s"
         try:
-            read = min(records_read(committed_offsets(k.bootstrap_servers, group, k.topics.events,
-                                                      security=k.security.librdkafka()), offsets)
-                       for group in source_groups(settings, with_samples))
+            read = records_read(committed_offsets(k.bootstrap_servers, settings.flink.group_id, k.topics.events,
+                                                  security=k.security.librdkafka()), offsets)
         except Exception as exc:  # noqa: BLE001 - a progress line never ends the run: the job decides
             say(f"{running} (progress unknown: {exc})")
             continue

@@ -18,8 +18,7 @@ from gpu_trainer.snapshots import SnapshotStore
 class Freshness:
     """Window close (its end plus the watermark delay, when the watermark lets it close) -> readable in
     Redis, in ms per feature record, apart for the windows' aggregates and for the users' recent lists
-    (horizon 0). The lists come through the samples' source, whose watermark is held back one and a
-    half base windows more, so they reach Redis at least that much later by design. With the times the
+    (horizon 0), which close with their base window like the rest. With the times the
     loader had each record (fetched and decoded), the windows' close -> the loader too: the job's and
     Kafka's part of the latency, the rest being the loader's writes.
 
@@ -141,7 +140,7 @@ def demo_plots(comparison: Comparison | None, freshness: Freshness, out_dir: Pat
     fig, ax = plt.subplots(figsize=(8, 4))
     parts = [(name, ms / 1000.0) for name, ms in (("windows", freshness.windows_ms),
                                                     ("windows at the loader", freshness.windows_at_loader_ms),
-                                                    ("recent lists (held back 1.5 windows)", freshness.recent_lists_ms))
+                                                    ("recent lists", freshness.recent_lists_ms))
              if len(ms)]
     if parts:
         edges = np.histogram_bin_edges(np.concatenate([s for _, s in parts]), bins=50)

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from core.settings import Settings
-from feature_store.keys import pair_id, pair_id_sql
-from flink_jobs.ddl import quote
+from feature_store.keys import pair_id
 from flink_jobs.environment import table_environment
 from flink_jobs.feature_job import decode_args
 from schemas.serde import serializer
+from tests.flink_jobs.harness import T, create_topics, event, job_settings, produce, running_job, wait_for
 
 pytestmark = pytest.mark.integration
 CORPUS = Path(__file__).parents[1] / "data" / "bad" / "events.jsonl"
@@ -70,12 +70,15 @@ def test_every_bad_event_is_a_dead_letter_with_its_reason(settings: Settings) ->
 
 
 def test_pair_ids_from_the_job_are_unambiguous_and_match_the_readers(settings: Settings) -> None:
+    """Ids holding the separator or the escape: the job's pair records carry the readers' keys, one per pair."""
     pairs = [("uA|iB", "C"), ("uA", "iB|C"), ("u\\", "|i"), ("u", "\\|i"), ("u1", "i9")]
-    t_env = table_environment(settings.model_copy(update={"flink": settings.flink.model_copy(
-        update={"checkpoint_interval_ms": 0})}))
-    values = ", ".join(f"({i}, {quote(u)}, {quote(it)})" for i, (u, it) in enumerate(pairs))
-    query = f"SELECT k, {pair_id_sql('u', 'i')} FROM (VALUES {values}) AS t (k, u, i)"
-    with t_env.execute_sql(query).collect() as results:
-        from_job = {int(r[0]): r[1] for r in results}
-    assert [from_job[i] for i in range(len(pairs))] == [pair_id(u, i) for u, i in pairs]
-    assert len(set(from_job.values())) == len(pairs)
+    s = job_settings(settings)
+    create_topics(s)
+    with running_job(s, with_samples=False):
+        produce(s, [event(f"e{n}", "click", u, i, 100) for n, (u, i) in enumerate(pairs)]
+                + [event("flush", "impression", "u9", "i9", 9000)])
+        got = wait_for(s, s.kafka.topics.features, "FeatureRecord", lambda got: len(
+            [r for r in got.records if r["entity_type"] == "user_item" and r["window_end"] == T + 3000]) >= len(pairs))
+    from_job = {r["entity_id"] for r in got.records if r["entity_type"] == "user_item" and r["window_end"] == T + 3000}
+    assert from_job == {pair_id(u, i) for u, i in pairs}
+    assert len(from_job) == len(pairs)

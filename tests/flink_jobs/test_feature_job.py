@@ -17,7 +17,7 @@ def by_key(records: list[dict]) -> dict[tuple, dict]:
 
 
 def java_id_hash(entity_id: str) -> int:
-    """The job's SmallestHashes.hash, written again here: FNV-1a over UTF-16 units, MurmurHash3's finaliser."""
+    """The job's CounterpartHash.hash, written again here: FNV-1a over UTF-16 units, MurmurHash3's finaliser."""
     mask = (1 << 64) - 1
     h = 0xCBF29CE484222325
     units = entity_id.encode("utf-16-le")

@@ -8,17 +8,17 @@ from pathlib import Path
 import pytest
 
 from core.settings import Settings
+from flink_jobs.ddl import with_options
 from flink_jobs.environment import table_environment
-from flink_jobs.feature_job import build_job
-from flink_jobs.feature_sql import dead_letters_sql, window_sql
+from flink_jobs.feature_job import build_job, job_graph
+from flink_jobs.feature_sql import dead_letters_sql
 
 QUOTED = "ev'x"
 
 
-def test_literals_in_the_window_and_dead_letter_sql_are_quoted() -> None:
-    assert "'ev''x' AS source_topic" in dead_letters_sql("decoded", QUOTED, 3)
-    assert "'user' AS entity_type" in window_sql("user", 3, 3)
-    assert "event_type = 'click'" in window_sql("item", 60, 3)
+def test_literals_in_the_sql_are_quoted() -> None:
+    assert "'ev''x'" in with_options({"topic": QUOTED})
+    assert "'feature-job' AS stage" in dead_letters_sql("dead_letter_rows")
 
 
 @pytest.mark.integration
@@ -31,7 +31,7 @@ def test_the_whole_job_plans_with_quotes_in_every_name(settings: Settings, tmp_p
         "flink": f.model_copy(update={"group_id": "group'1", "loader_group_id": "loader'1",
                                       "checkpoint_dir": tmp_path / "checkpoints", "log_dir": tmp_path / "logs"}),
     })
-    plan = build_job(s, table_environment(s), job_id="job'1").explain()
-    assert "events_raw" in plan and "features_sink" in plan and "samples_sink" in plan
-    # the plan shows literal values unescaped: the dead letters name the topic exactly as it is
-    assert f"'{topics.events}' AS source_topic" in plan
+    nodes = job_graph(build_job(s, table_environment(s), job_id="job'1"))
+    contents = " ".join(n["contents"] for n in nodes)
+    assert "events_raw" in contents and "features_sink" in contents and "samples_sink" in contents
+    assert "dead_letter_sink" in contents

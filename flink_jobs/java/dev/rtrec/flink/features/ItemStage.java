@@ -1,0 +1,116 @@
+package dev.rtrec.flink.features;
+
+import org.apache.flink.api.common.functions.OpenContext;
+import org.apache.flink.api.common.state.ValueState;
+import org.apache.flink.api.common.state.ValueStateDescriptor;
+import org.apache.flink.metrics.Counter;
+import org.apache.flink.streaming.api.functions.KeyedProcessFunction;
+import org.apache.flink.table.data.RowData;
+import org.apache.flink.util.Collector;
+import org.apache.flink.util.OutputTag;
+
+/**
+ * Keyed by item: counts each item's tiles and writes those the features topic gets once they end;
+ * passes every event on to the users' operator, an impression once the item's tiles before it have
+ * closed, with its item features (what the SQL plan's interval join on tiles gave it).
+ */
+public final class ItemStage extends KeyedProcessFunction<String, StagedEvent, StagedEvent> {
+  private static final long serialVersionUID = 1L;
+
+  private final FeatureSpec spec;
+  private final Records records;
+  private final OutputTag<RowData> itemRecords;
+  private transient ValueState<ItemState> state;
+  private transient Counter late;
+
+  ItemStage(FeatureSpec spec, Records records, OutputTag<RowData> itemRecords) {
+    this.spec = spec;
+    this.records = records;
+    this.itemRecords = itemRecords;
+  }
+
+  @Override
+  public void open(OpenContext context) {
+    state = getRuntimeContext().getState(new ValueStateDescriptor<>("item", new ItemState.Serializer()));
+    late = getRuntimeContext().getMetricGroup().counter("numLateRecordsDropped");
+  }
+
+  /** When an impression's item features are final: every slide's tiles before it have closed. */
+  long release(long timeMs) {
+    long at = Long.MIN_VALUE;
+    for (long slide : spec.sampleSlideMs) {
+      long end = timeMs - Math.floorMod(timeMs, slide);
+      at = Math.max(at, spec.windowEnd(end - 1));  // the base window holding the tiles' last instant
+    }
+    return at;
+  }
+
+  @Override
+  public void processElement(StagedEvent e, Context ctx, Collector<StagedEvent> out) throws Exception {
+    long timeMs = e.timeMs;
+    long watermark = ctx.timerService().currentWatermark();
+    if (spec.late(timeMs, watermark)) {
+      late.inc();  // only where a source subtask idled and came back behind the others
+      return;
+    }
+    ItemState s = state.value();
+    if (s == null) {
+      s = new ItemState(new EntityTiles(spec.tileLengths.length));
+    }
+    Timers.opened(ctx.timerService(), spec, s.tiles.add(spec, timeMs, e.type, e.dwellMs, e.userId), timeMs,
+        spec.tileRetentionMs());
+    if (e.type == Tile.IMPRESSION && spec.samples) {
+      long release = release(timeMs);
+      if (release <= watermark) {
+        e.itemFeatures = itemFeatures(s, timeMs);
+        out.collect(e);
+      } else {
+        s.held.add(e);
+        ctx.timerService().registerEventTimeTimer(release);
+      }
+    } else {
+      out.collect(e);
+    }
+    state.update(s);
+  }
+
+  private float[] itemFeatures(ItemState s, long timeMs) {
+    float[] features = new float[5 * spec.sampleHorizonMs.length];
+    s.tiles.sampleFeatures(spec, timeMs, features, 0);
+    return features;
+  }
+
+  @Override
+  public void onTimer(long time, OnTimerContext ctx, Collector<StagedEvent> out) throws Exception {
+    ItemState s = state.value();
+    if (s == null) {
+      return;
+    }
+    String item = ctx.getCurrentKey();
+    for (FeatureSpec.RecordTiles r : spec.records) {
+      Tile t = s.tiles.at(spec.lengthIndex(r.lengthMs), time - r.lengthMs);
+      if (t != null) {
+        ctx.output(itemRecords, records.tile("item", item, r, t, spec.sketchSize));
+      }
+    }
+    if (!s.held.isEmpty()) {
+      int kept = 0;
+      for (int k = 0; k < s.held.size(); k++) {
+        StagedEvent e = s.held.get(k);
+        if (release(e.timeMs) <= time) {
+          e.itemFeatures = itemFeatures(s, e.timeMs);
+          out.collect(e);
+        } else {
+          s.held.set(kept++, e);
+        }
+      }
+      s.held.subList(kept, s.held.size()).clear();
+    }
+    s.tiles.prune(spec, time, spec.tileRetentionMs(), spec.samples);
+    if (s.isEmpty()) {
+      state.clear();
+    } else {
+      state.update(s);
+    }
+  }
+}

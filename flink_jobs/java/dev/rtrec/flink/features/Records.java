@@ -1,0 +1,210 @@
+package dev.rtrec.flink.features;
+
+import java.io.Serializable;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+
+import org.apache.avro.Schema;
+import org.apache.flink.table.data.GenericMapData;
+import org.apache.flink.table.data.GenericRowData;
+import org.apache.flink.table.data.RowData;
+import org.apache.flink.table.data.StringData;
+
+/**
+ * The operators' output: FeatureRecords and TrainingSamples as Avro bytes, each with its Kafka key
+ * and the schema header, as the rows the topics' sinks take ({@link #ROW_TYPE}). The encoders write
+ * the fields in the order of the .avsc files (schemas/ is their only copy), which the job passes in
+ * and which are checked against what is written here when the job is built.
+ */
+final class Records implements Serializable {
+  private static final long serialVersionUID = 1L;
+
+  /** A record as the sinks take it: key, Avro value, headers. */
+  static final String ROW_TYPE = "ROW<`key` BYTES, `value` BYTES, `headers` MAP<STRING, BYTES>>";
+
+  /** FeatureRecord's fields, as this class writes them. */
+  static final String[] RECORD_FIELDS = {
+    "entity_type:string", "entity_id:string", "horizon_s:int", "window_start:timestamp-millis",
+    "window_end:timestamp-millis", "impressions:long", "clicks:long", "likes:long", "carts:long", "orders:long",
+    "ctr:double", "dwell_sum_ms:long", "dwell_mean_ms:double", "distinct_counterparts:long",
+    "recent_items:null|array<string>", "recent_types:null|array<string>", "recent_times_ms:null|array<long>",
+    "dwell_count:long", "counterpart_hashes:null|array<long>", "tile_of_horizons_s:null|array<int>"};
+  /** TrainingSample's fields, as this class writes them. */
+  static final String[] SAMPLE_FIELDS = {
+    "sample_id:string", "user_id:string", "item_id:string", "event_time:timestamp-millis", "label:int",
+    "features:array<float>", "feature_set:string", "position:null|int", "recent_items:array<string>",
+    "recent_types:array<string>", "recent_ages_ms:array<long>"};
+
+  private final byte[] recordHeader;
+  private final byte[] sampleHeader;
+  private transient AvroWriter writer;
+  private transient GenericMapData recordHeaders;
+  private transient GenericMapData sampleHeaders;
+
+  /** The schemas' JSON and their header values (`rtrec-schema`); refuses schemas this class does not write. */
+  Records(String recordSchema, String recordHeader, String sampleSchema, String sampleHeader) {
+    check("FeatureRecord", recordSchema, RECORD_FIELDS);
+    check("TrainingSample", sampleSchema, SAMPLE_FIELDS);
+    this.recordHeader = recordHeader.getBytes(StandardCharsets.UTF_8);
+    this.sampleHeader = sampleHeader.getBytes(StandardCharsets.UTF_8);
+  }
+
+  static void check(String name, String json, String[] written) {
+    List<String> fields = new ArrayList<>();
+    for (Schema.Field f : new Schema.Parser().parse(json).getFields()) {
+      fields.add(f.name() + ":" + describe(f.schema()));
+    }
+    if (!fields.equals(Arrays.asList(written))) {
+      throw new IllegalArgumentException(name + " has the fields " + fields + ", but the feature operators write "
+          + Arrays.asList(written) + " (flink_jobs/java/.../features/Records.java): change both together");
+    }
+  }
+
+  private static String describe(Schema s) {
+    switch (s.getType()) {
+      case UNION:
+        StringBuilder out = new StringBuilder();
+        for (Schema branch : s.getTypes()) {
+          out.append(out.length() == 0 ? "" : "|").append(describe(branch));
+        }
+        return out.toString();
+      case ARRAY:
+        return "array<" + describe(s.getElementType()) + ">";
+      case LONG:
+        return s.getLogicalType() != null ? s.getLogicalType().getName() : "long";
+      default:
+        return s.getType().getName();
+    }
+  }
+
+  private AvroWriter writer() {
+    if (writer == null) {
+      writer = new AvroWriter();
+      recordHeaders = headers(recordHeader);
+      sampleHeaders = headers(sampleHeader);
+    }
+    writer.reset();
+    return writer;
+  }
+
+  private static GenericMapData headers(byte[] header) {
+    return new GenericMapData(java.util.Collections.singletonMap(StringData.fromString("rtrec-schema"), header));
+  }
+
+  private RowData record(String key, AvroWriter w) {
+    return GenericRowData.of(key.getBytes(StandardCharsets.UTF_8), w.toBytes(), recordHeaders);
+  }
+
+  private static void counts(AvroWriter w, String entityType, String entityId, int horizonS, long start, long end,
+      long impressions, long clicks, long likes, long carts, long orders, long dwellSum, long dwellCount,
+      long distinct) {
+    w.writeString(entityType);
+    w.writeString(entityId);
+    w.writeInt(horizonS);
+    w.writeLong(start);
+    w.writeLong(end);
+    w.writeLong(impressions);
+    w.writeLong(clicks);
+    w.writeLong(likes);
+    w.writeLong(carts);
+    w.writeLong(orders);
+    w.writeDouble(impressions > 0 ? (double) clicks / impressions : 0.0);
+    w.writeLong(dwellSum);
+    w.writeDouble(dwellCount > 0 ? (double) dwellSum / dwellCount : 0.0);
+    w.writeLong(distinct);
+  }
+
+  /** A user's or item's tile of {@code r}'s length. */
+  RowData tile(String entityType, String entityId, FeatureSpec.RecordTiles r, Tile t, int sketchSize) {
+    AvroWriter w = writer();
+    counts(w, entityType, entityId, r.horizonS, t.start, t.start + r.lengthMs, t.impressions, t.clicks, t.likes,
+        t.carts, t.orders, t.dwellSum, t.dwellCount, t.counterparts.size());
+    w.writeIndex(0);  // no recent lists
+    w.writeIndex(0);
+    w.writeIndex(0);
+    w.writeLong(t.dwellCount);
+    if (r.sketch && sketchSize > 0) {
+      w.writeIndex(1);
+      w.writeLongs(smallestHashes(t, sketchSize));
+    } else {
+      w.writeIndex(0);
+    }
+    if (r.tileOf != null) {
+      w.writeIndex(1);
+      w.writeInts(r.tileOf);
+    } else {
+      w.writeIndex(0);
+    }
+    return record(entityId, w);
+  }
+
+  /** The k smallest distinct hashes of a tile's counterparts, ascending (CounterpartHash). */
+  static long[] smallestHashes(Tile t, int k) {
+    long[] hashes = new long[t.counterparts.size()];
+    int n = 0;
+    for (String id : t.counterparts) {
+      hashes[n++] = CounterpartHash.hash(id);
+    }
+    Arrays.sort(hashes);
+    int distinct = 0;  // two ids of one hash count once, as the SQL aggregate did
+    for (int i = 0; i < hashes.length && distinct < k; i++) {
+      if (distinct == 0 || hashes[distinct - 1] != hashes[i]) {
+        hashes[distinct++] = hashes[i];
+      }
+    }
+    return Arrays.copyOf(hashes, distinct);
+  }
+
+  /** A user-item pair's base window. */
+  RowData pair(String pairId, int horizonS, long start, long end, long[] c) {
+    AvroWriter w = writer();
+    counts(w, "user_item", pairId, horizonS, start, end, c[0], c[1], c[2], c[3], c[4], c[5], c[6], 1);
+    w.writeIndex(0);
+    w.writeIndex(0);
+    w.writeIndex(0);
+    w.writeLong(c[6]);
+    w.writeIndex(0);
+    w.writeIndex(0);
+    return record(pairId, w);
+  }
+
+  /** A user's list as of a base window's end: horizon 0, every count 0. */
+  RowData recentList(String userId, int horizonS, long start, long end, History.Cut list) {
+    AvroWriter w = writer();
+    counts(w, "user", userId, horizonS, start, end, 0, 0, 0, 0, 0, 0, 0, 0);
+    w.writeIndex(1);
+    w.writeStrings(list.items);
+    w.writeIndex(1);
+    w.writeStrings(list.typeNames());
+    w.writeIndex(1);
+    w.writeLongs(list.times);
+    w.writeLong(0);
+    w.writeIndex(0);
+    w.writeIndex(0);
+    return record(userId, w);
+  }
+
+  RowData sample(String sampleId, String userId, String itemId, long timeMs, int label, float[] features,
+      String featureSet, int position, History.Cut recent) {
+    AvroWriter w = writer();
+    w.writeString(sampleId);
+    w.writeString(userId);
+    w.writeString(itemId);
+    w.writeLong(timeMs);
+    w.writeInt(label);
+    w.writeFloats(features);
+    w.writeString(featureSet);
+    if (position < 0) {
+      w.writeIndex(0);
+    } else {
+      w.writeIndex(1);
+      w.writeInt(position);
+    }
+    w.writeStrings(recent.items);
+    w.writeStrings(recent.typeNames());
+    w.writeLongs(recent.times);
+    return GenericRowData.of(userId.getBytes(StandardCharsets.UTF_8), w.toBytes(), sampleHeaders);
+  }
+}
