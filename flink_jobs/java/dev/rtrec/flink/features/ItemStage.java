@@ -65,7 +65,11 @@ public final class ItemStage extends KeyedProcessFunction<String, StagedEvent, S
         e.itemFeatures = itemFeatures(s, timeMs);
         out.collect(e);
       } else {
-        s.held.add(e);
+        int at = s.held.size();  // held in time order, so the due ones are a prefix
+        while (at > 0 && s.held.get(at - 1).timeMs > timeMs) {
+          at--;
+        }
+        s.held.add(at, e);
         ctx.timerService().registerEventTimeTimer(release);
       }
     } else {
@@ -93,18 +97,14 @@ public final class ItemStage extends KeyedProcessFunction<String, StagedEvent, S
         ctx.output(itemRecords, records.tile("item", item, r, t, spec.sketchSize));
       }
     }
-    if (!s.held.isEmpty()) {
-      int kept = 0;
-      for (int k = 0; k < s.held.size(); k++) {
-        StagedEvent e = s.held.get(k);
-        if (release(e.timeMs) <= time) {
-          e.itemFeatures = itemFeatures(s, e.timeMs);
-          out.collect(e);
-        } else {
-          s.held.set(kept++, e);
-        }
-      }
-      s.held.subList(kept, s.held.size()).clear();
+    int due = 0;
+    while (due < s.held.size() && release(s.held.get(due).timeMs) <= time) {
+      StagedEvent e = s.held.get(due++);
+      e.itemFeatures = itemFeatures(s, e.timeMs);
+      out.collect(e);
+    }
+    if (due > 0) {
+      s.held.subList(0, due).clear();
     }
     s.tiles.prune(spec, time, spec.tileRetentionMs(), spec.samples);
     if (s.isEmpty()) {

@@ -11,6 +11,7 @@ import org.apache.flink.types.StringValue;
 /** One item's state: its tiles, and its impressions waiting for the tiles before them to close. */
 public final class ItemState {
   final EntityTiles tiles;
+  /** In time order. */
   final ArrayList<StagedEvent> held = new ArrayList<>(0);
 
   ItemState(EntityTiles tiles) {

@@ -4,13 +4,18 @@ import java.io.Serializable;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.Collections;
 import java.util.List;
 
 import org.apache.avro.Schema;
 import org.apache.flink.table.data.GenericMapData;
 import org.apache.flink.table.data.GenericRowData;
+import org.apache.flink.table.data.MapData;
 import org.apache.flink.table.data.RowData;
 import org.apache.flink.table.data.StringData;
+import org.apache.flink.table.runtime.typeutils.MapDataSerializer;
+import org.apache.flink.table.types.logical.VarBinaryType;
+import org.apache.flink.table.types.logical.VarCharType;
 
 /**
  * The operators' output: FeatureRecords and TrainingSamples as Avro bytes, each with its Kafka key
@@ -40,8 +45,8 @@ final class Records implements Serializable {
   private final byte[] recordHeader;
   private final byte[] sampleHeader;
   private transient AvroWriter writer;
-  private transient GenericMapData recordHeaders;
-  private transient GenericMapData sampleHeaders;
+  private transient MapData recordHeaders;
+  private transient MapData sampleHeaders;
 
   /** The schemas' JSON and their header values (`rtrec-schema`); refuses schemas this class does not write. */
   Records(String recordSchema, String recordHeader, String sampleSchema, String sampleHeader) {
@@ -89,8 +94,11 @@ final class Records implements Serializable {
     return writer;
   }
 
-  private static GenericMapData headers(byte[] header) {
-    return new GenericMapData(java.util.Collections.singletonMap(StringData.fromString("rtrec-schema"), header));
+  /** In Flink's binary layout, built once: a generic map was converted to it for every record sent. */
+  private static MapData headers(byte[] header) {
+    GenericMapData map = new GenericMapData(Collections.singletonMap(StringData.fromString("rtrec-schema"), header));
+    return new MapDataSerializer(new VarCharType(VarCharType.MAX_LENGTH), new VarBinaryType(VarBinaryType.MAX_LENGTH))
+        .toBinaryMap(map);
   }
 
   private RowData record(String key, AvroWriter w) {

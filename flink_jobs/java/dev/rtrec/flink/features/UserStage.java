@@ -128,7 +128,10 @@ public final class UserStage extends KeyedProcessFunction<String, StagedEvent, R
           p.timeMs = Math.max(p.timeMs, t);
           p.position = Math.max(p.position, e.position);
         }
-        ctx.timerService().registerEventTimeTimer(sampleTime(t));
+        long due = sampleTime(t);
+        s.nextSampleAt = Math.min(s.nextSampleAt, due);
+        s.oldestPendingMs = Math.min(s.oldestPendingMs, t);
+        ctx.timerService().registerEventTimeTimer(due);
       }
     }
     state.update(s);
@@ -166,19 +169,24 @@ public final class UserStage extends KeyedProcessFunction<String, StagedEvent, R
         out.collect(records.recentList(user, listHorizonS, end - spec.windowMs, end, list));
       }
     }
-    long oldestPending = Long.MAX_VALUE;
-    for (Iterator<UserState.Pending> it = s.pending.values().iterator(); it.hasNext(); ) {
-      UserState.Pending p = it.next();
-      if (sampleTime(p.timeMs) <= time) {
-        ctx.output(samples, sample(s, user, p, now));
-        it.remove();
-      } else {
-        oldestPending = Math.min(oldestPending, p.firstMs);
+    if (s.nextSampleAt <= time) {
+      s.nextSampleAt = Long.MAX_VALUE;
+      s.oldestPendingMs = Long.MAX_VALUE;
+      for (Iterator<UserState.Pending> it = s.pending.values().iterator(); it.hasNext(); ) {
+        UserState.Pending p = it.next();
+        long due = sampleTime(p.timeMs);
+        if (due <= time) {
+          ctx.output(samples, sample(s, user, p, now));
+          it.remove();
+        } else {
+          s.nextSampleAt = Math.min(s.nextSampleAt, due);
+          s.oldestPendingMs = Math.min(s.oldestPendingMs, p.firstMs);
+        }
       }
     }
     // no read from now on is as of a time before this: pending impressions, and events still to come
     // (not late: after the closed base windows)
-    long floor = Math.min(oldestPending, time - spec.windowMs);
+    long floor = Math.min(s.oldestPendingMs, time - spec.windowMs);
     s.pruneLabels(floor);
     s.history.prune(floor, 2 * spec.historyLength, spec.lookbackMs);
     s.tiles.prune(spec, time, spec.tileRetentionMs(), spec.samples);

@@ -59,6 +59,9 @@ public final class UserState {
   long[] labelTimes = new long[0];
   /** Keyed by event id, item and base window start: a repeat of the same impression merges. */
   final LinkedHashMap<String, Pending> pending = new LinkedHashMap<>(4);
+  /** The earliest time a pending impression's sample is due, and the earliest pending impression. */
+  long nextSampleAt = Long.MAX_VALUE;
+  long oldestPendingMs = Long.MAX_VALUE;
   /** Ends of base windows with engagements whose list record is still to be written, ascending. */
   final ArrayList<Long> listWindows = new ArrayList<>(0);
 
@@ -165,6 +168,8 @@ public final class UserState {
           out.writeFloat(f);
         }
       }
+      out.writeLong(s.nextSampleAt);
+      out.writeLong(s.oldestPendingMs);
       out.writeInt(s.listWindows.size());
       for (long end : s.listWindows) {
         out.writeLong(end);
@@ -210,6 +215,8 @@ public final class UserState {
         p.firstMs = firstMs;
         s.pending.put(key, p);
       }
+      s.nextSampleAt = in.readLong();
+      s.oldestPendingMs = in.readLong();
       int lists = in.readInt();
       for (int k = 0; k < lists; k++) {
         s.listWindows.add(in.readLong());
