@@ -3,8 +3,8 @@ package dev.rtrec.flink.features;
 import java.io.IOException;
 import java.util.ArrayList;
 
-import org.apache.flink.core.memory.DataInputView;
-import org.apache.flink.core.memory.DataOutputView;
+import org.apache.flink.core.memory.DataInputDeserializer;
+import org.apache.flink.core.memory.DataOutputSerializer;
 
 /**
  * One user's or item's tiles: per tile length of the spec, its tumbling windows with events, ascending
@@ -81,11 +81,13 @@ final class EntityTiles {
       long likes = 0;
       long dwellSum = 0;
       long dwellCount = 0;
-      for (Tile t : byLength.get(spec.lengthIndex(slide))) {
-        if (t.start >= end) {
+      ArrayList<Tile> tiles = byLength.get(spec.sampleLength[h]);
+      for (int i = tiles.size() - 1; i >= 0; i--) {  // from the newest: the horizon is the recent end
+        Tile t = tiles.get(i);
+        if (t.start < from) {
           break;
         }
-        if (t.start >= from) {
+        if (t.start < end) {
           impressions += t.impressions;
           clicks += t.clicks;
           likes += t.likes;
@@ -102,14 +104,14 @@ final class EntityTiles {
   }
 
   /**
-   * Drops the tiles nothing reads any more at watermark {@code watermark}: a tile the features topic
-   * gets is kept until it ended, one the samples read for {@code retentionMs} after that.
+   * Drops the tiles nothing reads any more at watermark {@code watermark}: a tile is kept until it
+   * ended (the features topic gets it then) and, where the samples read its length, as long after
+   * that as they may (FeatureSpec.retentionByLength).
    */
-  void prune(FeatureSpec spec, long watermark, long retentionMs, boolean samplesRead) {
+  void prune(FeatureSpec spec, long watermark) {
     for (int k = 0; k < spec.tileLengths.length; k++) {
       long length = spec.tileLengths[k];
-      boolean read = samplesRead && isSampleSlide(spec, length);
-      long keepEndAfter = read ? watermark - retentionMs : watermark;
+      long keepEndAfter = watermark - spec.retentionByLength[k];
       ArrayList<Tile> tiles = byLength.get(k);
       int drop = 0;
       while (drop < tiles.size() && tiles.get(drop).start + length <= keepEndAfter) {
@@ -121,15 +123,6 @@ final class EntityTiles {
     }
   }
 
-  private static boolean isSampleSlide(FeatureSpec spec, long length) {
-    for (long slide : spec.sampleSlideMs) {
-      if (slide == length) {
-        return true;
-      }
-    }
-    return false;
-  }
-
   boolean isEmpty() {
     for (ArrayList<Tile> tiles : byLength) {
       if (!tiles.isEmpty()) {
@@ -139,7 +132,7 @@ final class EntityTiles {
     return true;
   }
 
-  void write(DataOutputView out) throws IOException {
+  void write(DataOutputSerializer out) throws IOException {
     out.writeInt(byLength.size());
     for (ArrayList<Tile> tiles : byLength) {
       out.writeInt(tiles.size());
@@ -149,7 +142,7 @@ final class EntityTiles {
     }
   }
 
-  static EntityTiles read(DataInputView in) throws IOException {
+  static EntityTiles read(DataInputDeserializer in) throws IOException {
     int lengths = in.readInt();
     EntityTiles e = new EntityTiles(lengths);
     for (int k = 0; k < lengths; k++) {

@@ -60,6 +60,10 @@ public final class FeatureSpec implements Serializable {
   public static final String SAMPLE_AGGREGATES = "impressions,clicks,likes,ctr,dwell_mean_ms";
 
   private final long retentionMs;
+  /** Per sample horizon, the index of its slide's tile length. */
+  final int[] sampleLength;
+  /** Per tile length, how long after their end its tiles are still read (0: only the records read them). */
+  final long[] retentionByLength;
   /** Every tile length an entity counts in, ascending: the records' and the samples' slides. */
   public final long[] tileLengths;
   /** Per tile length: its entry in {@link #records}, or -1 when only the samples read it. */
@@ -106,11 +110,18 @@ public final class FeatureSpec implements Serializable {
       }
     }
     tileLengths = lengths.stream().mapToLong(Long::longValue).toArray();
+    sampleLength = new int[sampleSlideMs.length];
+    retentionByLength = new long[tileLengths.length];
     long longest = 0;
-    for (int k = 0; k < sampleHorizonMs.length; k++) {
-      longest = Math.max(longest, sampleHorizonMs[k] + sampleSlideMs[k]);
+    for (int h = 0; h < sampleHorizonMs.length; h++) {
+      sampleLength[h] = samples ? lengthIndex(sampleSlideMs[h]) : -1;
+      if (samples) {  // an impression's sample reads the horizon before its tile, until the sample is due
+        long read = sampleHorizonMs[h] + sampleSlideMs[h] + attributionMs + 2 * windowMs;
+        retentionByLength[sampleLength[h]] = Math.max(retentionByLength[sampleLength[h]], read);
+        longest = Math.max(longest, read);
+      }
     }
-    retentionMs = samples ? longest + attributionMs + 2 * windowMs : 0;
+    retentionMs = longest;
     if (samples && !SAMPLE_AGGREGATES.equals(kv.get("sample_aggregates"))) {
       throw new IllegalArgumentException("the operators write the sample aggregates " + SAMPLE_AGGREGATES
           + ", not " + kv.get("sample_aggregates"));
@@ -187,7 +198,7 @@ public final class FeatureSpec implements Serializable {
     return windowEnd(timeMs) <= watermark;
   }
 
-  /** How long an entity's tiles are kept after they end, for the samples still to read them. */
+  /** How long after its end the samples may still read a tile, the longest of any length. */
   public long tileRetentionMs() {
     return retentionMs;
   }

@@ -3,8 +3,8 @@ package dev.rtrec.flink.features;
 import java.io.IOException;
 import java.util.ArrayList;
 
-import org.apache.flink.core.memory.DataInputView;
-import org.apache.flink.core.memory.DataOutputView;
+import org.apache.flink.core.memory.DataInputDeserializer;
+import org.apache.flink.core.memory.DataOutputSerializer;
 import org.apache.flink.types.StringValue;
 
 /**
@@ -155,7 +155,7 @@ final class History {
     }
   }
 
-  void write(DataOutputView out) throws IOException {
+  void write(DataOutputSerializer out) throws IOException {
     out.writeLong(writtenAt);
     out.writeInt(items.size());
     for (int k = 0; k < items.size(); k++) {
@@ -165,7 +165,7 @@ final class History {
     }
   }
 
-  static History read(DataInputView in) throws IOException {
+  static History read(DataInputDeserializer in) throws IOException {
     History h = new History();
     h.writtenAt = in.readLong();
     int n = in.readInt();

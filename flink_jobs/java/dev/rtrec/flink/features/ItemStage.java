@@ -106,7 +106,7 @@ public final class ItemStage extends KeyedProcessFunction<String, StagedEvent, S
     if (due > 0) {
       s.held.subList(0, due).clear();
     }
-    s.tiles.prune(spec, time, spec.tileRetentionMs(), spec.samples);
+    s.tiles.prune(spec, time);
     if (s.isEmpty()) {
       state.clear();
     } else {

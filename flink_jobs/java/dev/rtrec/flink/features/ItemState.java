@@ -4,8 +4,8 @@ import java.io.IOException;
 import java.util.ArrayList;
 
 import org.apache.flink.api.common.typeutils.TypeSerializerSnapshot;
-import org.apache.flink.core.memory.DataInputView;
-import org.apache.flink.core.memory.DataOutputView;
+import org.apache.flink.core.memory.DataInputDeserializer;
+import org.apache.flink.core.memory.DataOutputSerializer;
 import org.apache.flink.types.StringValue;
 
 /** One item's state: its tiles, and its impressions waiting for the tiles before them to close. */
@@ -22,7 +22,7 @@ public final class ItemState {
     return held.isEmpty() && tiles.isEmpty();
   }
 
-  static void writeEvent(StagedEvent e, DataOutputView out) throws IOException {
+  static void writeEvent(StagedEvent e, DataOutputSerializer out) throws IOException {
     StringValue.writeString(e.eventId, out);
     StringValue.writeString(e.userId, out);
     StringValue.writeString(e.itemId, out);
@@ -32,7 +32,7 @@ public final class ItemState {
     out.writeInt(e.position);
   }
 
-  static StagedEvent readEvent(DataInputView in) throws IOException {
+  static StagedEvent readEvent(DataInputDeserializer in) throws IOException {
     return new StagedEvent(StringValue.readString(in), StringValue.readString(in), StringValue.readString(in),
         in.readByte(), in.readLong(), in.readLong(), in.readInt());
   }
@@ -42,7 +42,7 @@ public final class ItemState {
     private static final long serialVersionUID = 1L;
 
     @Override
-    void write(ItemState s, DataOutputView out) throws IOException {
+    void write(ItemState s, DataOutputSerializer out) throws IOException {
       s.tiles.write(out);
       out.writeInt(s.held.size());
       for (StagedEvent e : s.held) {
@@ -51,7 +51,7 @@ public final class ItemState {
     }
 
     @Override
-    ItemState read(DataInputView in) throws IOException {
+    ItemState read(DataInputDeserializer in) throws IOException {
       ItemState s = new ItemState(EntityTiles.read(in));
       int n = in.readInt();
       for (int k = 0; k < n; k++) {

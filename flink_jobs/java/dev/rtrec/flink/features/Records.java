@@ -150,19 +150,8 @@ final class Records implements Serializable {
 
   /** The k smallest distinct hashes of a tile's counterparts, ascending (CounterpartHash). */
   static long[] smallestHashes(Tile t, int k) {
-    long[] hashes = new long[t.counterparts.size()];
-    int n = 0;
-    for (String id : t.counterparts) {
-      hashes[n++] = CounterpartHash.hash(id);
-    }
-    Arrays.sort(hashes);
-    int distinct = 0;  // two ids of one hash count once, as the SQL aggregate did
-    for (int i = 0; i < hashes.length && distinct < k; i++) {
-      if (distinct == 0 || hashes[distinct - 1] != hashes[i]) {
-        hashes[distinct++] = hashes[i];
-      }
-    }
-    return Arrays.copyOf(hashes, distinct);
+    long[] hashes = t.counterparts.sorted();
+    return hashes.length <= k ? hashes : Arrays.copyOf(hashes, k);
   }
 
   /** A user-item pair's base window. */

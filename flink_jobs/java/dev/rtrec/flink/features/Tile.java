@@ -1,11 +1,9 @@
 package dev.rtrec.flink.features;
 
 import java.io.IOException;
-import java.util.HashSet;
 
-import org.apache.flink.core.memory.DataInputView;
-import org.apache.flink.core.memory.DataOutputView;
-import org.apache.flink.types.StringValue;
+import org.apache.flink.core.memory.DataInputDeserializer;
+import org.apache.flink.core.memory.DataOutputSerializer;
 
 /** One entity's counts over one tumbling window of a tile length. */
 final class Tile {
@@ -25,12 +23,12 @@ final class Tile {
   long orders;
   long dwellSum;
   long dwellCount;
-  /** The distinct counterparts (a user's items, an item's users); null where no record counts them. */
-  HashSet<String> counterparts;
+  /** The hashes of its distinct counterparts (a user's items, an item's users); null where no record counts them. */
+  HashSet63 counterparts;
 
   Tile(long start, boolean distinct) {
     this.start = start;
-    this.counterparts = distinct ? new HashSet<>(8) : null;
+    this.counterparts = distinct ? new HashSet63(4) : null;
   }
 
   static byte typeCode(String type) {
@@ -81,11 +79,11 @@ final class Tile {
       dwellCount++;
     }
     if (counterparts != null) {
-      counterparts.add(counterpart);
+      counterparts.add(CounterpartHash.hash(counterpart));
     }
   }
 
-  void write(DataOutputView out) throws IOException {
+  void write(DataOutputSerializer out) throws IOException {
     out.writeLong(start);
     out.writeLong(impressions);
     out.writeLong(clicks);
@@ -96,13 +94,13 @@ final class Tile {
     out.writeLong(dwellCount);
     out.writeInt(counterparts == null ? -1 : counterparts.size());
     if (counterparts != null) {
-      for (String id : counterparts) {
-        StringValue.writeString(id, out);
+      for (long hash : counterparts.sorted()) {
+        out.writeLong(hash);
       }
     }
   }
 
-  static Tile read(DataInputView in) throws IOException {
+  static Tile read(DataInputDeserializer in) throws IOException {
     Tile t = new Tile(in.readLong(), false);
     t.impressions = in.readLong();
     t.clicks = in.readLong();
@@ -113,9 +111,9 @@ final class Tile {
     t.dwellCount = in.readLong();
     int n = in.readInt();
     if (n >= 0) {
-      t.counterparts = new HashSet<>(Math.max(8, 2 * n));
+      t.counterparts = new HashSet63(n);
       for (int k = 0; k < n; k++) {
-        t.counterparts.add(StringValue.readString(in));
+        t.counterparts.add(in.readLong());
       }
     }
     return t;

@@ -1,6 +1,9 @@
 package dev.rtrec.flink.features;
 
-import java.util.Iterator;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
 
 import org.apache.flink.api.common.functions.OpenContext;
 import org.apache.flink.api.common.state.ValueState;
@@ -119,27 +122,22 @@ public final class UserStage extends KeyedProcessFunction<String, StagedEvent, R
           ctx.timerService().registerEventTimeTimer(quiet - Math.floorMod(quiet, coarse) + coarse);
         }
       } else {
-        String key = e.eventId + '\u0000' + e.itemId + '\u0000' + windowStart;
-        UserState.Pending p = s.pending.get(key);
-        if (p == null) {
-          s.pending.put(key, new UserState.Pending(e.eventId, e.itemId, t, e.position, e.itemFeatures));
-        } else {  // the same impression twice in a base window: one sample, as the SQL plan grouped them
-          p.firstMs = Math.min(p.firstMs, t);
-          p.timeMs = Math.max(p.timeMs, t);
-          p.position = Math.max(p.position, e.position);
-        }
         long due = sampleTime(t);
-        s.nextSampleAt = Math.min(s.nextSampleAt, due);
-        s.oldestPendingMs = Math.min(s.oldestPendingMs, t);
+        s.addPending(new UserState.Pending(e.eventId, e.itemId, t, e.position, e.itemFeatures, due));
         ctx.timerService().registerEventTimeTimer(due);
       }
     }
     state.update(s);
   }
 
-  /** When an impression's sample is written: every engagement within its attribution window has come. */
+  /**
+   * When an impression's sample is written: once every engagement within the attribution window of
+   * any impression of its base window has come (the same for the whole window, so repeats of an
+   * impression in it are due together).
+   */
   long sampleTime(long timeMs) {
-    return spec.windowEnd(timeMs + spec.attributionMs);
+    long windowStart = timeMs - Math.floorMod(timeMs, spec.windowMs);
+    return spec.windowEnd(windowStart + spec.windowMs - 1 + spec.attributionMs);
   }
 
   @Override
@@ -169,32 +167,47 @@ public final class UserStage extends KeyedProcessFunction<String, StagedEvent, R
         out.collect(records.recentList(user, listHorizonS, end - spec.windowMs, end, list));
       }
     }
-    if (s.nextSampleAt <= time) {
-      s.nextSampleAt = Long.MAX_VALUE;
-      s.oldestPendingMs = Long.MAX_VALUE;
-      for (Iterator<UserState.Pending> it = s.pending.values().iterator(); it.hasNext(); ) {
-        UserState.Pending p = it.next();
-        long due = sampleTime(p.timeMs);
-        if (due <= time) {
-          ctx.output(samples, sample(s, user, p, now));
-          it.remove();
-        } else {
-          s.nextSampleAt = Math.min(s.nextSampleAt, due);
-          s.oldestPendingMs = Math.min(s.oldestPendingMs, p.firstMs);
-        }
-      }
+    int due = 0;
+    while (due < s.pending.size() && s.pending.get(due).dueMs <= time) {
+      due++;
     }
-    // no read from now on is as of a time before this: pending impressions, and events still to come
-    // (not late: after the closed base windows)
-    long floor = Math.min(s.oldestPendingMs, time - spec.windowMs);
+    if (due > 0) {
+      for (UserState.Pending p : once(s.pending.subList(0, due))) {
+        ctx.output(samples, sample(s, user, p, now));
+      }
+      s.pending.subList(0, due).clear();
+    }
+    // no read from now on is as of a time before this: pending impressions (the first due is of the
+    // earliest base window), and events still to come (not late: after the closed base windows)
+    long floor = time - spec.windowMs;
+    if (!s.pending.isEmpty()) {
+      long first = s.pending.get(0).timeMs;
+      floor = Math.min(floor, first - Math.floorMod(first, spec.windowMs));
+    }
     s.pruneLabels(floor);
     s.history.prune(floor, 2 * spec.historyLength, spec.lookbackMs);
-    s.tiles.prune(spec, time, spec.tileRetentionMs(), spec.samples);
+    s.tiles.prune(spec, time);
     if (s.isEmpty()) {
       state.clear();
     } else {
       state.update(s);
     }
+  }
+
+  /** The due impressions with each repeat of one (same id, item and base window) merged into one. */
+  private List<UserState.Pending> once(List<UserState.Pending> due) {
+    if (due.size() == 1) {
+      return due;
+    }
+    Map<String, UserState.Pending> byEvent = new LinkedHashMap<>();
+    for (UserState.Pending p : due) {
+      String key = p.eventId + '\u0000' + p.itemId + '\u0000' + (p.timeMs - Math.floorMod(p.timeMs, spec.windowMs));
+      UserState.Pending first = byEvent.putIfAbsent(key, p);
+      if (first != null) {
+        first.merge(p);
+      }
+    }
+    return new ArrayList<>(byEvent.values());
   }
 
   private RowData sample(UserState s, String user, UserState.Pending p, long now) {

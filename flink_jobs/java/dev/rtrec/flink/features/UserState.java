@@ -3,12 +3,11 @@ package dev.rtrec.flink.features;
 import java.io.IOException;
 import java.util.ArrayList;
 import java.util.HashMap;
-import java.util.LinkedHashMap;
 import java.util.Map;
 
 import org.apache.flink.api.common.typeutils.TypeSerializerSnapshot;
-import org.apache.flink.core.memory.DataInputView;
-import org.apache.flink.core.memory.DataOutputView;
+import org.apache.flink.core.memory.DataInputDeserializer;
+import org.apache.flink.core.memory.DataOutputSerializer;
 import org.apache.flink.types.StringValue;
 
 /**
@@ -40,15 +39,33 @@ public final class UserState {
     long firstMs;
     int position;
     final float[] itemFeatures;
+    /** When its sample is due. */
+    final long dueMs;
 
-    Pending(String eventId, String itemId, long timeMs, int position, float[] itemFeatures) {
+    Pending(String eventId, String itemId, long timeMs, int position, float[] itemFeatures, long dueMs) {
       this.eventId = eventId;
       this.itemId = itemId;
       this.timeMs = timeMs;
       this.firstMs = timeMs;
       this.position = position;
       this.itemFeatures = itemFeatures;
+      this.dueMs = dueMs;
     }
+
+    /** Takes in a repeat of the same impression (same id, item and base window). */
+    void merge(Pending repeat) {
+      firstMs = Math.min(firstMs, repeat.firstMs);
+      timeMs = Math.max(timeMs, repeat.timeMs);
+      position = Math.max(position, repeat.position);
+    }
+  }
+
+  void addPending(Pending p) {
+    int at = pending.size();
+    while (at > 0 && pending.get(at - 1).dueMs > p.dueMs) {
+      at--;
+    }
+    pending.add(at, p);
   }
 
   final EntityTiles tiles;
@@ -57,11 +74,8 @@ public final class UserState {
   /** Engagements for labels, in arrival order: times and items. */
   final ArrayList<String> labelItems = new ArrayList<>(0);
   long[] labelTimes = new long[0];
-  /** Keyed by event id, item and base window start: a repeat of the same impression merges. */
-  final LinkedHashMap<String, Pending> pending = new LinkedHashMap<>(4);
-  /** The earliest time a pending impression's sample is due, and the earliest pending impression. */
-  long nextSampleAt = Long.MAX_VALUE;
-  long oldestPendingMs = Long.MAX_VALUE;
+  /** In the order their samples are due (UserStage.sampleTime), so the due ones are a prefix. */
+  final ArrayList<Pending> pending = new ArrayList<>(4);
   /** Ends of base windows with engagements whose list record is still to be written, ascending. */
   final ArrayList<Long> listWindows = new ArrayList<>(0);
 
@@ -135,7 +149,7 @@ public final class UserState {
     private static final long serialVersionUID = 1L;
 
     @Override
-    void write(UserState s, DataOutputView out) throws IOException {
+    void write(UserState s, DataOutputSerializer out) throws IOException {
       s.tiles.write(out);
       out.writeInt(s.pairs.size());
       for (PairWindow w : s.pairs) {
@@ -155,9 +169,8 @@ public final class UserState {
         StringValue.writeString(s.labelItems.get(k), out);
       }
       out.writeInt(s.pending.size());
-      for (Map.Entry<String, Pending> e : s.pending.entrySet()) {
-        Pending p = e.getValue();
-        StringValue.writeString(e.getKey(), out);
+      for (Pending p : s.pending) {
+        out.writeLong(p.dueMs);
         StringValue.writeString(p.eventId, out);
         StringValue.writeString(p.itemId, out);
         out.writeLong(p.timeMs);
@@ -168,8 +181,6 @@ public final class UserState {
           out.writeFloat(f);
         }
       }
-      out.writeLong(s.nextSampleAt);
-      out.writeLong(s.oldestPendingMs);
       out.writeInt(s.listWindows.size());
       for (long end : s.listWindows) {
         out.writeLong(end);
@@ -177,7 +188,7 @@ public final class UserState {
     }
 
     @Override
-    UserState read(DataInputView in) throws IOException {
+    UserState read(DataInputDeserializer in) throws IOException {
       UserState s = new UserState(EntityTiles.read(in));
       int windows = in.readInt();
       for (int w = 0; w < windows; w++) {
@@ -201,7 +212,7 @@ public final class UserState {
       }
       int pending = in.readInt();
       for (int k = 0; k < pending; k++) {
-        String key = StringValue.readString(in);
+        long dueMs = in.readLong();
         String eventId = StringValue.readString(in);
         String itemId = StringValue.readString(in);
         long timeMs = in.readLong();
@@ -211,12 +222,10 @@ public final class UserState {
         for (int f = 0; f < features.length; f++) {
           features[f] = in.readFloat();
         }
-        Pending p = new Pending(eventId, itemId, timeMs, position, features);
+        Pending p = new Pending(eventId, itemId, timeMs, position, features, dueMs);
         p.firstMs = firstMs;
-        s.pending.put(key, p);
+        s.pending.add(p);
       }
-      s.nextSampleAt = in.readLong();
-      s.oldestPendingMs = in.readLong();
       int lists = in.readInt();
       for (int k = 0; k < lists; k++) {
         s.listWindows.add(in.readLong());
