@@ -196,8 +196,11 @@ OPTION_CASES: dict[str, dict[str, Any]] = {
     "fetch_1MiB": {"source_fetch_bytes": 1 << 20},
     "object_reuse": {"config": {"pipeline.object-reuse": "true"}},
     "parallelism_2": {"parallelism": 2},  # the events topic has 2 partitions
-    # the sinks' producers: larger batches, waiting up to 20 ms to fill them, compressed
-    "sink_batching": {"sink_producer": {"linger.ms": "20", "batch.size": "262144", "compression.type": "lz4"}},
+    # the sinks' producers: Kafka's own settings (16 KiB batches), smaller batches than the job's 1 MiB,
+    # and its batches uncompressed
+    "kafka_producer_defaults": {"sink_producer": {}},
+    "sink_batches_256KiB": {"sink_producer": {"linger.ms": "20", "batch.size": "262144", "compression.type": "lz4"}},
+    "sink_uncompressed": {"sink_producer": {"linger.ms": "20", "batch.size": "1048576"}},
     # a bound: what the users' recent lists cost
     "no_history": {"history_length": 0},
     # what the tiles' sketches of counterpart hashes cost the job (the default keeps 64 per tile)

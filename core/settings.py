@@ -352,9 +352,12 @@ class FlinkSettings(Section):
     watermark_interval_ms: int = 50
     buffer_timeout_ms: int = 20
     checkpoint_interval_ms: int = 5_000
-    # Kafka producer properties of the job's sinks (e.g. {"linger.ms": "20", "compression.type": "lz4"}),
-    # passed to the connector as properties.<name>; kafka.security's are added after them.
-    sink_producer: dict[str, str] = Field(default_factory=dict)
+    # Kafka producer properties of the job's sinks, passed to the connector as properties.<name>;
+    # kafka.security's are added after them. A setting replaces the whole dict. Batches of up to 1 MiB,
+    # waiting up to 20 ms to fill: with Kafka's 16 KiB the job did 30k events/s from a backlog, with these
+    # 39k, and the broker's CPU per event fell by two thirds (README "Sinks").
+    sink_producer: dict[str, str] = Field(default_factory=lambda: {
+        "linger.ms": "20", "batch.size": "1048576", "compression.type": "lz4"})
     # Any other Flink configuration for the job (e.g. {"table.exec.mini-batch.enabled": "true"} or
     # {"state.backend.type": "rocksdb"}), applied after the project's own, so it overrides them. From the
     # environment as JSON: RTREC_FLINK__CONFIG='{"table.exec.mini-batch.enabled": "true"}'.

@@ -96,15 +96,16 @@ def operator_spec(f: FlinkSettings, with_samples: bool) -> str:
 def sink_client(settings: Settings) -> dict[str, str]:
     """The sinks' producer properties: `flink.sink_producer`, then authentication and TLS.
 
-    >>> sink_client(Settings(flink={"sink_producer": {"linger.ms": "20"}}))
-    {'linger.ms': '20'}
+    >>> sink_client(Settings(flink={"sink_producer": {"linger.ms": "5"}}))
+    {'linger.ms': '5'}
     """
     return {**settings.flink.sink_producer, **settings.kafka.security.flink_connector()}
 
 
 def add_operators(settings: Settings, t_env: TableEnvironment, source: str, with_samples: bool) -> None:
-    """The views `feature_rows` (FeatureRecords) and `sample_rows` (TrainingSamples, with samples), each a
-    key, the Avro value and the schema header, and `dead_letter_rows` (what did not decode or came
+    """The views `feature_rows` (the users' and pairs' FeatureRecords), `item_feature_rows` (the items')
+    and `sample_rows` (TrainingSamples, with samples), each a key, the Avro value and the schema header,
+    and `dead_letter_rows` (what did not decode or came
     late), from the events topic's table `source`, which the operators read and decode once: a second
     reader would be a second source reading and decoding every record."""
     f = settings.flink
