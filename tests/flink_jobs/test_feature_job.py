@@ -102,3 +102,27 @@ def test_the_job_creates_the_topics_it_reads_and_writes(settings: Settings) -> N
                        lambda got: any(r["entity_id"] == "u1" and r["horizon_s"] == 3 for r in got.records))
     u1 = by_key(got.records)[("user", "u1", 3, 0)]
     assert (u1["impressions"], u1["clicks"]) == (1, 0)
+
+
+def test_distinct_counterparts_and_sketches_of_crowded_tiles(settings: Settings) -> None:
+    """A tile with more counterparts than its sketch keeps, each seen more than once: the distinct count
+    is exact, the sketch the smallest hashes of them all, in the base window's record (a tile of the
+    60 s horizon) and in the 30 s tile of the 600 s horizon."""
+    s = job_settings(settings, horizons_s=None)
+    create_topics(s)
+    items = [f"item-{n}" for n in range(150)]
+    users = [f"user-{n}" for n in range(100)]
+    events = [event(f"a{n}", "impression", "u1", item, 100 + n) for n, item in enumerate(items)]
+    events += [event(f"b{n}", "click", "u1", item, 400 + n) for n, item in enumerate(items[:50])]  # repeats
+    events += [event(f"c{n}", "impression", user, "i0", 700 + n) for n, user in enumerate(users)]
+    with running_job(s, with_samples=False):
+        produce(s, [*events, event("flush", "impression", "u9", "i9", 60_000)])
+        got = wait_for(s, s.kafka.topics.features, "FeatureRecord", lambda got: {
+            ("u1", 3), ("u1", 600), ("i0", 3), ("i0", 600)} <= {(r["entity_id"], r["horizon_s"]) for r in got.records})
+    records = {(r["entity_id"], r["horizon_s"]): r for r in got.records}
+    for entity, counterparts in (("u1", items), ("i0", users)):
+        smallest = sorted({java_id_hash(c) for c in counterparts})[:64]
+        for horizon in (3, 600):
+            r = records[(entity, horizon)]
+            assert r["distinct_counterparts"] == len(counterparts), (entity, horizon)
+            assert r["counterpart_hashes"] == smallest, (entity, horizon)

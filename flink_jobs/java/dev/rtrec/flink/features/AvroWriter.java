@@ -58,24 +58,11 @@ final class AvroWriter {
   }
 
   void writeString(String value) {
-    int n = value.length();
-    boolean ascii = true;
-    for (int k = 0; k < n && ascii; k++) {
-      ascii = value.charAt(k) < 0x80;
-    }
-    if (ascii) {
-      writeLong(n);
-      ensure(n);
-      for (int k = 0; k < n; k++) {
-        buf[size++] = (byte) value.charAt(k);
-      }
-    } else {
-      byte[] utf8 = value.getBytes(StandardCharsets.UTF_8);
-      writeLong(utf8.length);
-      ensure(utf8.length);
-      System.arraycopy(utf8, 0, buf, size, utf8.length);
-      size += utf8.length;
-    }
+    byte[] utf8 = value.getBytes(StandardCharsets.UTF_8);  // an ASCII string's bytes are copied at once
+    writeLong(utf8.length);
+    ensure(utf8.length);
+    System.arraycopy(utf8, 0, buf, size, utf8.length);
+    size += utf8.length;
   }
 
   /** The branch of a union: 0 for null in a ["null", T] union, 1 for T. */

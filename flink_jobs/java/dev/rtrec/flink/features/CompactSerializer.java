@@ -1,6 +1,7 @@
 package dev.rtrec.flink.features;
 
 import java.io.IOException;
+import java.nio.charset.StandardCharsets;
 
 import org.apache.flink.api.common.typeutils.TypeSerializer;
 import org.apache.flink.core.memory.DataInputDeserializer;
@@ -27,6 +28,27 @@ abstract class CompactSerializer<T> extends TypeSerializer<T> {
   abstract void write(T value, DataOutputSerializer out) throws IOException;
 
   abstract T read(DataInputDeserializer in) throws IOException;
+
+  /** A string as its UTF-8 bytes, length first (-1: null): one copy, where Flink's StringValue writes char by char. */
+  static void writeString(String value, DataOutputSerializer out) throws IOException {
+    if (value == null) {
+      out.writeInt(-1);
+      return;
+    }
+    byte[] utf8 = value.getBytes(StandardCharsets.UTF_8);
+    out.writeInt(utf8.length);
+    out.write(utf8);
+  }
+
+  static String readString(DataInputDeserializer in) throws IOException {
+    int length = in.readInt();
+    if (length < 0) {
+      return null;
+    }
+    byte[] utf8 = new byte[length];
+    in.readFully(utf8);
+    return new String(utf8, StandardCharsets.UTF_8);
+  }
 
   @Override
   public boolean isImmutableType() {

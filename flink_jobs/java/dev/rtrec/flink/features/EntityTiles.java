@@ -28,6 +28,7 @@ final class EntityTiles {
    */
   int add(FeatureSpec spec, long timeMs, byte type, long dwellMs, String counterpart) {
     int opened = 0;
+    long hash = CounterpartHash.hash(counterpart);
     for (int k = 0; k < spec.tileLengths.length; k++) {
       long length = spec.tileLengths[k];
       long start = timeMs - Math.floorMod(timeMs, length);
@@ -44,7 +45,7 @@ final class EntityTiles {
         tiles.add(at, tile);
         opened |= 1 << k;
       }
-      tile.add(type, dwellMs, counterpart);
+      tile.add(type, dwellMs, hash);
     }
     return opened;
   }

@@ -1,6 +1,10 @@
 package dev.rtrec.flink.features;
 
+import java.io.IOException;
 import java.util.Arrays;
+
+import org.apache.flink.core.memory.DataInputDeserializer;
+import org.apache.flink.core.memory.DataOutputSerializer;
 
 /**
  * A set of non-negative 63-bit hashes (CounterpartHash) by open addressing in one long array: a tile's
@@ -26,10 +30,13 @@ final class HashSet63 {
     if (2 * (size + 1) > slots.length) {
       grow();
     }
-    insert(slots, hash);
+    if (insert(slots, hash)) {
+      size++;
+    }
   }
 
-  private boolean insert(long[] table, long hash) {
+  /** Whether {@code hash} was new to {@code table}. */
+  private static boolean insert(long[] table, long hash) {
     int mask = table.length - 1;
     int at = (int) (hash ^ (hash >>> 29)) & mask;
     while (table[at] != EMPTY) {
@@ -39,9 +46,6 @@ final class HashSet63 {
       at = (at + 1) & mask;
     }
     table[at] = hash;
-    if (table == slots) {
-      size++;
-    }
     return true;
   }
 
@@ -54,6 +58,23 @@ final class HashSet63 {
         insert(slots, hash);
       }
     }
+  }
+
+  /** The hashes, in the table's order, for a checkpoint. */
+  void write(DataOutputSerializer out) throws IOException {
+    for (long hash : slots) {
+      if (hash != EMPTY) {
+        out.writeLong(hash);
+      }
+    }
+  }
+
+  static HashSet63 read(DataInputDeserializer in, int size) throws IOException {
+    HashSet63 set = new HashSet63(size);
+    for (int k = 0; k < size; k++) {
+      set.add(in.readLong());
+    }
+    return set;
   }
 
   /** The hashes, ascending. */

@@ -5,7 +5,6 @@ import java.util.ArrayList;
 
 import org.apache.flink.core.memory.DataInputDeserializer;
 import org.apache.flink.core.memory.DataOutputSerializer;
-import org.apache.flink.types.StringValue;
 
 /**
  * A user's engagements for their recent lists, newest first; ties in time by item, then type, so a
@@ -160,7 +159,7 @@ final class History {
     out.writeInt(items.size());
     for (int k = 0; k < items.size(); k++) {
       out.writeLong(times[k]);
-      StringValue.writeString(items.get(k), out);
+      CompactSerializer.writeString(items.get(k), out);
       out.writeByte(types.get(k));
     }
   }
@@ -172,7 +171,7 @@ final class History {
     h.times = new long[Math.max(4, n)];
     for (int k = 0; k < n; k++) {
       h.times[k] = in.readLong();
-      h.items.add(StringValue.readString(in));
+      h.items.add(CompactSerializer.readString(in));
       h.types.add(in.readByte());
     }
     return h;

@@ -95,6 +95,7 @@ public final class ItemStage extends KeyedProcessFunction<String, StagedEvent, S
       Tile t = s.tiles.at(spec.lengthIndex(r.lengthMs), time - r.lengthMs);
       if (t != null) {
         ctx.output(itemRecords, records.tile("item", item, r, t, spec.sketchSize));
+        t.counterparts = null;  // written: only the counts are read from now on
       }
     }
     int due = 0;

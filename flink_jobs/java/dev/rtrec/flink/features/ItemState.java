@@ -6,7 +6,6 @@ import java.util.ArrayList;
 import org.apache.flink.api.common.typeutils.TypeSerializerSnapshot;
 import org.apache.flink.core.memory.DataInputDeserializer;
 import org.apache.flink.core.memory.DataOutputSerializer;
-import org.apache.flink.types.StringValue;
 
 /** One item's state: its tiles, and its impressions waiting for the tiles before them to close. */
 public final class ItemState {
@@ -23,9 +22,9 @@ public final class ItemState {
   }
 
   static void writeEvent(StagedEvent e, DataOutputSerializer out) throws IOException {
-    StringValue.writeString(e.eventId, out);
-    StringValue.writeString(e.userId, out);
-    StringValue.writeString(e.itemId, out);
+    CompactSerializer.writeString(e.eventId, out);
+    CompactSerializer.writeString(e.userId, out);
+    CompactSerializer.writeString(e.itemId, out);
     out.writeByte(e.type);
     out.writeLong(e.timeMs);
     out.writeLong(e.dwellMs);
@@ -33,7 +32,7 @@ public final class ItemState {
   }
 
   static StagedEvent readEvent(DataInputDeserializer in) throws IOException {
-    return new StagedEvent(StringValue.readString(in), StringValue.readString(in), StringValue.readString(in),
+    return new StagedEvent(CompactSerializer.readString(in), CompactSerializer.readString(in), CompactSerializer.readString(in),
         in.readByte(), in.readLong(), in.readLong(), in.readInt());
   }
 

@@ -23,7 +23,10 @@ final class Tile {
   long orders;
   long dwellSum;
   long dwellCount;
-  /** The hashes of its distinct counterparts (a user's items, an item's users); null where no record counts them. */
+  /**
+   * The hashes of its distinct counterparts (a user's items, an item's users) until the features topic
+   * got the tile; null where no record counts them, and after that (the samples read the counts only).
+   */
   HashSet63 counterparts;
 
   Tile(long start, boolean distinct) {
@@ -54,7 +57,7 @@ final class Tile {
     return TYPE_NAMES[code];
   }
 
-  void add(byte type, long dwellMs, String counterpart) {
+  void add(byte type, long dwellMs, long counterpartHash) {
     switch (type) {
       case IMPRESSION:
         impressions++;
@@ -79,7 +82,7 @@ final class Tile {
       dwellCount++;
     }
     if (counterparts != null) {
-      counterparts.add(CounterpartHash.hash(counterpart));
+      counterparts.add(counterpartHash);
     }
   }
 
@@ -94,9 +97,7 @@ final class Tile {
     out.writeLong(dwellCount);
     out.writeInt(counterparts == null ? -1 : counterparts.size());
     if (counterparts != null) {
-      for (long hash : counterparts.sorted()) {
-        out.writeLong(hash);
-      }
+      counterparts.write(out);
     }
   }
 
@@ -111,10 +112,7 @@ final class Tile {
     t.dwellCount = in.readLong();
     int n = in.readInt();
     if (n >= 0) {
-      t.counterparts = new HashSet63(n);
-      for (int k = 0; k < n; k++) {
-        t.counterparts.add(in.readLong());
-      }
+      t.counterparts = HashSet63.read(in, n);
     }
     return t;
   }

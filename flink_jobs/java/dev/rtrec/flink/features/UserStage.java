@@ -151,6 +151,7 @@ public final class UserStage extends KeyedProcessFunction<String, StagedEvent, R
       Tile t = s.tiles.at(spec.lengthIndex(r.lengthMs), time - r.lengthMs);
       if (t != null) {
         out.collect(records.tile("user", user, r, t, spec.sketchSize));
+        t.counterparts = null;  // written: only the counts are read from now on
       }
     }
     while (!s.pairs.isEmpty() && s.pairs.get(0).start + spec.windowMs <= time) {

@@ -8,7 +8,6 @@ import java.util.Map;
 import org.apache.flink.api.common.typeutils.TypeSerializerSnapshot;
 import org.apache.flink.core.memory.DataInputDeserializer;
 import org.apache.flink.core.memory.DataOutputSerializer;
-import org.apache.flink.types.StringValue;
 
 /**
  * One user's state: their tiles, their pairs' open base windows, their engagements (for labels and
@@ -156,7 +155,7 @@ public final class UserState {
         out.writeLong(w.start);
         out.writeInt(w.byItem.size());
         for (Map.Entry<String, long[]> e : w.byItem.entrySet()) {
-          StringValue.writeString(e.getKey(), out);
+          CompactSerializer.writeString(e.getKey(), out);
           for (long c : e.getValue()) {
             out.writeLong(c);
           }
@@ -166,13 +165,13 @@ public final class UserState {
       out.writeInt(s.labelItems.size());
       for (int k = 0; k < s.labelItems.size(); k++) {
         out.writeLong(s.labelTimes[k]);
-        StringValue.writeString(s.labelItems.get(k), out);
+        CompactSerializer.writeString(s.labelItems.get(k), out);
       }
       out.writeInt(s.pending.size());
       for (Pending p : s.pending) {
         out.writeLong(p.dueMs);
-        StringValue.writeString(p.eventId, out);
-        StringValue.writeString(p.itemId, out);
+        CompactSerializer.writeString(p.eventId, out);
+        CompactSerializer.writeString(p.itemId, out);
         out.writeLong(p.timeMs);
         out.writeLong(p.firstMs);
         out.writeInt(p.position);
@@ -195,7 +194,7 @@ public final class UserState {
         PairWindow pw = new PairWindow(in.readLong());
         int n = in.readInt();
         for (int k = 0; k < n; k++) {
-          String item = StringValue.readString(in);
+          String item = CompactSerializer.readString(in);
           long[] counts = new long[PAIR_COUNTS];
           for (int c = 0; c < PAIR_COUNTS; c++) {
             counts[c] = in.readLong();
@@ -208,13 +207,13 @@ public final class UserState {
       int labels = in.readInt();
       for (int k = 0; k < labels; k++) {
         long t = in.readLong();
-        s.addLabel(t, StringValue.readString(in));
+        s.addLabel(t, CompactSerializer.readString(in));
       }
       int pending = in.readInt();
       for (int k = 0; k < pending; k++) {
         long dueMs = in.readLong();
-        String eventId = StringValue.readString(in);
-        String itemId = StringValue.readString(in);
+        String eventId = CompactSerializer.readString(in);
+        String itemId = CompactSerializer.readString(in);
         long timeMs = in.readLong();
         long firstMs = in.readLong();
         int position = in.readInt();
