@@ -1,6 +1,7 @@
 """A live job through a quiet spell longer than the source's idle timeout, then a burst: its training
-samples (labels and features) equal those of a bounded run of the same events. Before the samples had a
-source of their own that never turns idle, every run here lost labels and features after the spell."""
+samples (labels and features) equal those of a bounded run of the same events. Under the SQL plan, whose
+joins held the watermark back by bounds of their own, every run here lost labels and features after the
+spell until the samples had a source of their own; the operators now read one watermark for all."""
 
 from __future__ import annotations
 

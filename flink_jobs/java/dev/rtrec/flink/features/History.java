@@ -8,7 +8,7 @@ import org.apache.flink.core.memory.DataOutputSerializer;
 
 /**
  * A user's engagements for their recent lists, newest first; ties in time by item, then type, so a
- * replay gives the same lists whatever order they arrived in (as RecentEngagements orders them). A
+ * replay gives the same lists whatever order they arrived in (as the SQL plan ordered them). A
  * list as of a time is the newest {@code 2 * history_length} at or before it; a sample keeps those
  * strictly before its impression and within the lookback.
  *
