@@ -194,7 +194,7 @@ OPTION_CASES: dict[str, dict[str, Any]] = {
     "buffer_timeout_100ms": {"buffer_timeout_ms": 100},
     "checkpoint_30s": {"checkpoint_interval_ms": 30_000},
     "fetch_1MiB": {"source_fetch_bytes": 1 << 20},
-    "object_reuse": {"config": {"pipeline.object-reuse": "true"}},
+    "no_object_reuse": {"config": {"pipeline.object-reuse": "false"}},  # the job's default is on
     "parallelism_2": {"parallelism": 2},  # the events topic has 2 partitions
     # the sinks' producers: Kafka's own settings (16 KiB batches), smaller batches than the job's 1 MiB,
     # and its batches uncompressed
@@ -239,7 +239,7 @@ def options(settings: Settings, n_events: int, rounds: int, names: list[str]) ->
 def with_option(s: Settings, option: dict[str, Any]) -> Settings:
     """`s` with an OPTION_CASES entry applied, its Flink config keys added to those `s` has.
 
-    >>> with_option(on_session_cluster(Settings(), "h:1"), OPTION_CASES["object_reuse"]).flink.config["rest.address"]
+    >>> with_option(on_session_cluster(Settings(), "h:1"), OPTION_CASES["no_object_reuse"]).flink.config["rest.address"]
     'h'
     """
     update = {**option, "config": {**s.flink.config, **option.get("config", {})}}

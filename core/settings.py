@@ -358,7 +358,7 @@ class FlinkSettings(Section):
     # 39k, and the broker's CPU per event fell by two thirds (README "Sinks").
     sink_producer: dict[str, str] = Field(default_factory=lambda: {
         "linger.ms": "20", "batch.size": "1048576", "compression.type": "lz4"})
-    # Any other Flink configuration for the job (e.g. {"pipeline.object-reuse": "true"} or
+    # Any other Flink configuration for the job (e.g. {"pipeline.object-reuse": "false"} or
     # {"state.backend.type": "rocksdb"}), applied after the project's own, so it overrides them. From the
     # environment as JSON: RTREC_FLINK__CONFIG='{"state.backend.type": "rocksdb"}'.
     config: dict[str, str] = Field(default_factory=dict)

@@ -47,6 +47,12 @@ def table_environment(settings: Settings, streaming: bool = True) -> TableEnviro
     conf.set("pipeline.auto-watermark-interval", f"{f.watermark_interval_ms} ms")
     conf.set("execution.buffer-timeout.interval", f"{f.buffer_timeout_ms} ms")
     conf.set("pipeline.name", "rtrec-features")
+    # Chained operators hand records on without a deep copy (measured: +16 % events/s on the whole job,
+    # same output). Safe here: the SQL runtime is built for it; the one Java operator with a chained
+    # input (CheckedSplit) keeps nothing of it; the keyed operators' inputs come over the network, always
+    # deserialized into new objects; and their records carry fresh value bytes each, sharing only header
+    # maps that nothing mutates.
+    conf.set("pipeline.object-reuse", "true")
     conf.set("restart-strategy.type", "failure-rate")
     conf.set("restart-strategy.failure-rate.max-failures-per-interval", str(f.max_restarts))
     conf.set("restart-strategy.failure-rate.failure-rate-interval", f"{f.restart_window_s} s")
