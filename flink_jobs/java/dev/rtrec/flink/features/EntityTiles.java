@@ -2,9 +2,11 @@ package dev.rtrec.flink.features;
 
 import java.io.IOException;
 import java.util.ArrayList;
+import java.util.function.Consumer;
 
 import org.apache.flink.core.memory.DataInputDeserializer;
 import org.apache.flink.core.memory.DataOutputSerializer;
+import org.apache.flink.table.data.RowData;
 
 /**
  * One user's or item's tiles: per tile length of the spec, its tumbling windows with events, ascending
@@ -51,6 +53,21 @@ final class EntityTiles {
   }
 
   /** The tile of length index {@code k} starting at {@code start}, or null. */
+  /**
+   * The records of the tiles the features topic gets that end at {@code time}, to {@code out}. A
+   * written tile's counterparts are dropped: from then on only its counts are read.
+   */
+  void writeEnded(FeatureSpec spec, Records records, String entityType, String entityId, long time,
+      Consumer<RowData> out) {
+    for (FeatureSpec.RecordTiles r : spec.records) {
+      Tile t = at(spec.lengthIndex(r.lengthMs), time - r.lengthMs);
+      if (t != null) {
+        out.accept(records.tile(entityType, entityId, r, t, spec.sketchSize));
+        t.counterparts = null;
+      }
+    }
+  }
+
   Tile at(int k, long start) {
     ArrayList<Tile> tiles = byLength.get(k);
     for (int i = tiles.size() - 1; i >= 0; i--) {

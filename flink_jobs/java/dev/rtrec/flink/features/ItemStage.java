@@ -91,13 +91,7 @@ public final class ItemStage extends KeyedProcessFunction<String, StagedEvent, S
       return;
     }
     String item = ctx.getCurrentKey();
-    for (FeatureSpec.RecordTiles r : spec.records) {
-      Tile t = s.tiles.at(spec.lengthIndex(r.lengthMs), time - r.lengthMs);
-      if (t != null) {
-        ctx.output(itemRecords, records.tile("item", item, r, t, spec.sketchSize));
-        t.counterparts = null;  // written: only the counts are read from now on
-      }
-    }
+    s.tiles.writeEnded(spec, records, "item", item, time, row -> ctx.output(itemRecords, row));
     int due = 0;
     while (due < s.held.size() && release(s.held.get(due).timeMs) <= time) {
       StagedEvent e = s.held.get(due++);

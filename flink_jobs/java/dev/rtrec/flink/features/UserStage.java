@@ -147,13 +147,7 @@ public final class UserStage extends KeyedProcessFunction<String, StagedEvent, R
       return;
     }
     String user = ctx.getCurrentKey();
-    for (FeatureSpec.RecordTiles r : spec.records) {
-      Tile t = s.tiles.at(spec.lengthIndex(r.lengthMs), time - r.lengthMs);
-      if (t != null) {
-        out.collect(records.tile("user", user, r, t, spec.sketchSize));
-        t.counterparts = null;  // written: only the counts are read from now on
-      }
-    }
+    s.tiles.writeEnded(spec, records, "user", user, time, out::collect);
     while (!s.pairs.isEmpty() && s.pairs.get(0).start + spec.windowMs <= time) {
       UserState.PairWindow w = s.pairs.remove(0);
       for (java.util.Map.Entry<String, long[]> p : w.byItem.entrySet()) {

@@ -238,10 +238,13 @@ public final class UserState {
     }
   }
 
-  /** Restores {@link Serializer}: the layout version of what it writes, 1. */
+  /**
+   * Restores {@link Serializer}: the layout version of what it writes, 2 (counterparts as 63-bit
+   * hashes, strings as UTF-8, each value one length-prefixed block; 1 wrote the ids).
+   */
   public static final class Snapshot extends LayoutSnapshot<UserState> {
     public Snapshot() {
-      super(Serializer::new, 1);
+      super(Serializer::new, 2);
     }
   }
 }
