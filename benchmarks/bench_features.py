@@ -5,6 +5,9 @@
   blackhole; the ratio is the figure (both bounded over the same pre-produced events; job start-up,
   measured on an empty range, is subtracted), with the feature records written per event;
 - loader: windowed rows/s from the features topic into Redis;
+- end_to_end (only with `--only end_to_end`): events/s from the events topic through the job and one,
+  then two, loader processes into Redis, the job's start-up subtracted, with the rows loaded beside the
+  feature records committed;
 - freshness: window close (window end + watermark delay) -> readable in Redis, p50/p99, live; the
   users' recent lists apart;
   the windows' part up to the loader (fetched and decoded), and the loader's write time per record,
@@ -170,6 +173,50 @@ def pipeline(settings: Settings, n_events: int, rounds: int = 2) -> None:
     emit("features", "pipeline_ratio_all_sinks_vs_window_blackhole", float(np.median(ratios)), "ratio", n_events,
          runs=[round(x, 3) for x in ratios])
     emit("features", "feature_records_per_event", written["features"] / n_events, "records/event", n_events)
+
+
+def end_to_end(settings: Settings, n_events: int, loader_counts: tuple[int, ...] = (1, 2)) -> None:
+    """The issue's end-to-end figure: events topic -> job -> topics -> loaders -> Redis. Loader processes
+    (the settings' isolation) join their group on the job's own features topic, then the bounded job
+    runs over the backlog; the time is from the job's submission to the last batch a loader wrote into
+    Redis, less the job's start-up (a run over an empty range), as in `pipeline`. Every committed
+    feature record must have reached Redis: the loaders' row count is printed beside the topic's."""
+    s = isolated(settings)
+    k = s.kafka
+    ensure_topics(k.bootstrap_servers, list(k.topics.model_dump().values()), k.partitions)
+    print(f"producing {n_events} synthetic events", file=sys.stderr)
+    produce_backlog(s, n_events)
+    everything, nothing = LogRange(Earliest(), Latest()), LogRange(Latest(), Latest())
+    bounded_seconds(_own_outputs(s), "job", everything)  # warms the JVM
+    start_up = bounded_seconds(s, "job", nothing)
+    context = multiprocessing.get_context("spawn")  # librdkafka threads do not survive a fork
+    for n_loaders in loader_counts:
+        case = _own_outputs(s)
+        queue = context.Queue()
+        group = f"{case.flink.loader_group_id}-{uuid.uuid4().hex[:6]}"
+        workers = [context.Process(target=_loader_process, args=(case, group, queue, E2E_IDLE_EXIT_S, None))
+                   for _ in range(n_loaders)]
+        for w in workers:
+            w.start()
+        time.sleep(12)  # imports and the group join
+        submitted = time.perf_counter()
+        bounded_seconds(case, "job", everything)
+        job_s = time.perf_counter() - submitted
+        results = [queue.get(timeout=900) for _ in workers]
+        for w in workers:
+            w.join()
+        loaded = sum(r[0] for r in results)
+        last_write = max(r[2] for r in results if r[0])
+        took = last_write - submitted - start_up
+        committed = committed_records(case, case.kafka.topics.features)
+        print(f"{n_loaders} loader(s): job {job_s - start_up:.1f} s, last row in Redis {took:.1f} s after it "
+              f"started; {loaded:,} rows loaded of {committed:,} committed feature records", file=sys.stderr)
+        emit("features", f"end_to_end_events_into_redis_{n_loaders}_loader", n_events / took, "events/s", n_events,
+             job_events_per_s=round(n_events / (job_s - start_up)), rows_loaded=loaded,
+             feature_records_committed=committed, partitions=k.partitions)
+
+
+E2E_IDLE_EXIT_S = 30.0  # longer than a loader waits for the job's start and its first checkpoint
 
 
 def stages(settings: Settings, n_events: int) -> None:
@@ -360,10 +407,12 @@ def loader_rate(settings: Settings, n_rows: int) -> None:
              partitions=k.partitions, processes_with_rows=len(busy))
 
 
-def _loader_process(s: Settings, group: str, queue: Any) -> None:
-    config = LoaderConfig.from_settings(s, group_id=group, batch=20_000, isolation_level="read_committed",
-                                        poll_timeout_s=LOADER_POLL_S)
-    stats = run_loader(config, RedisFeatureStore(s.redis.url, s.redis.key_prefix, 3600), idle_exit_s=20.0,
+def _loader_process(s: Settings, group: str, queue: Any, idle_exit_s: float = 20.0,
+                    isolation: str | None = "read_committed") -> None:
+    """A loader in a process of its own; `isolation` None: the settings' (the users' default)."""
+    overrides: dict[str, Any] = {} if isolation is None else {"isolation_level": isolation}
+    config = LoaderConfig.from_settings(s, group_id=group, batch=20_000, poll_timeout_s=LOADER_POLL_S, **overrides)
+    stats = run_loader(config, RedisFeatureStore(s.redis.url, s.redis.key_prefix, 3600), idle_exit_s=idle_exit_s,
                        on_batch=lambda st: _mark(st))
     queue.put((stats.records, _BATCH_AT[0], _BATCH_AT[1]))
 
@@ -599,6 +648,7 @@ def main() -> None:
                              "case; a third part `samples` runs the job with the training samples too")
     parser.add_argument("--use-running-services", action="store_true")
     parser.add_argument("--only", default="pipeline,loader,freshness,reads")
+    parser.add_argument("--loaders", default="1,2", help="--only end_to_end: loader processes per run")
     parser.add_argument("--rounds", type=int, default=2, help="--only options and pipeline: runs per case")
     parser.add_argument("--cases", default=",".join(OPTION_CASES), help="--only options: which cases")
     parser.add_argument("--jobmanager", default=None, metavar="HOST:PORT",
@@ -625,6 +675,8 @@ def main() -> None:
                           with_samples=rest == ["samples"])
         if "pipeline" in only:
             pipeline(settings, args.events, args.rounds)
+        if "end_to_end" in only:  # not in the default list: minutes per run at the issue's scale
+            end_to_end(settings, args.events, tuple(int(n) for n in args.loaders.split(",")))
         if "stages" in only:  # not in the default list: it is a profile, not a target
             stages(settings, args.events)
         if "options" in only:  # likewise: which Flink options pay on this machine
