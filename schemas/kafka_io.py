@@ -173,8 +173,10 @@ def consume_until(consumer: AvroConsumer, n: int, timeout_s: float = 30.0) -> Co
     return total
 
 
+# _UNKNOWN_PARTITION: the broker listed the partition, but this client's own metadata of the topic did
+# not have it yet (seen with a topic the job had just created, on a loaded machine)
 _NOT_READY = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-              KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT}
+              KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT, KafkaError._UNKNOWN_PARTITION}
 
 
 def _end_offset(consumer: Consumer, tp: TopicPartition, deadline: float) -> int:
