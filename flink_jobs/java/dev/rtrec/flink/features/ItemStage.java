@@ -1,5 +1,7 @@
 package dev.rtrec.flink.features;
 
+import java.util.List;
+
 import org.apache.flink.api.common.functions.OpenContext;
 import org.apache.flink.api.common.state.ValueState;
 import org.apache.flink.api.common.state.ValueStateDescriptor;
@@ -65,17 +67,36 @@ public final class ItemStage extends KeyedProcessFunction<String, StagedEvent, S
         e.itemFeatures = itemFeatures(s, timeMs);
         out.collect(e);
       } else {
-        int at = s.held.size();  // held in time order, so the due ones are a prefix
-        while (at > 0 && s.held.get(at - 1).timeMs > timeMs) {
-          at--;
-        }
-        s.held.add(at, e);
+        s.held.add(after(s.held, timeMs), e);  // held in time order, so the due ones are a prefix
         ctx.timerService().registerEventTimeTimer(release);
       }
     } else {
       out.collect(e);
     }
     state.update(s);
+  }
+
+  /**
+   * Where an impression at {@code timeMs} goes in {@code held}: after every one at or before it, so ties
+   * leave in the order they came. A binary search, because an item's events come from every partition
+   * of the events topic (they are keyed by user): on a backlog the source reads a partition a fetch at
+   * a time, and a walk back from the end crossed up to a fetch of the other partition's impressions.
+   */
+  static int after(List<StagedEvent> held, long timeMs) {
+    int lo = 0;
+    int hi = held.size();
+    if (hi == 0 || held.get(hi - 1).timeMs <= timeMs) {
+      return hi;  // in order, as on a live stream
+    }
+    while (lo < hi) {
+      int mid = (lo + hi) >>> 1;
+      if (held.get(mid).timeMs <= timeMs) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    return lo;
   }
 
   private float[] itemFeatures(ItemState s, long timeMs) {
