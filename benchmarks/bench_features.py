@@ -189,22 +189,14 @@ def end_to_end(settings: Settings, n_events: int, loader_counts: tuple[int, ...]
     everything, nothing = LogRange(Earliest(), Latest()), LogRange(Latest(), Latest())
     bounded_seconds(_own_outputs(s), "job", everything)  # warms the JVM
     start_up = bounded_seconds(s, "job", nothing)
-    context = multiprocessing.get_context("spawn")  # librdkafka threads do not survive a fork
     for n_loaders in loader_counts:
         case = _own_outputs(s)
-        queue = context.Queue()
         group = f"{case.flink.loader_group_id}-{uuid.uuid4().hex[:6]}"
-        workers = [context.Process(target=_loader_process, args=(case, group, queue, E2E_IDLE_EXIT_S, None))
-                   for _ in range(n_loaders)]
-        for w in workers:
-            w.start()
-        time.sleep(12)  # imports and the group join
+        workers, queue = _start_loaders(case, group, n_loaders, E2E_IDLE_EXIT_S, None)
         submitted = time.perf_counter()
         bounded_seconds(case, "job", everything)
         job_s = time.perf_counter() - submitted
-        results = [queue.get(timeout=900) for _ in workers]
-        for w in workers:
-            w.join()
+        results = _loader_results(workers, queue, timeout_s=900)
         loaded = sum(r[0] for r in results)
         last_write = max(r[2] for r in results if r[0])
         took = last_write - submitted - start_up
@@ -379,13 +371,7 @@ def loader_rate(settings: Settings, n_rows: int) -> None:
         s = isolated(settings)
         k = s.kafka
         ensure_topics(k.bootstrap_servers, [k.topics.features, k.topics.dead_letter], k.partitions)
-        context = multiprocessing.get_context("spawn")  # librdkafka threads do not survive a fork
-        queue = context.Queue()
-        workers = [context.Process(target=_loader_process, args=(s, s.flink.loader_group_id, queue))
-                   for _ in range(n_loaders)]
-        for w in workers:
-            w.start()
-        time.sleep(12)  # imports and the group join
+        workers, queue = _start_loaders(s, s.flink.loader_group_id, n_loaders)
         producer = Producer(producer_config(k.bootstrap_servers))
         for key, value in rows:
             while True:
@@ -396,15 +382,33 @@ def loader_rate(settings: Settings, n_rows: int) -> None:
                     producer.poll(0.05)
         if producer.flush(60):
             raise RuntimeError("feature records still undelivered after 60 s")
-        results = [queue.get(timeout=600) for _ in workers]
-        for w in workers:
-            w.join()
+        results = _loader_results(workers, queue, timeout_s=600)
         busy = [r for r in results if r[0]]
         records = sum(r[0] for r in busy)
         # from the first batch any process received to the last one written (start-up excluded)
         took = max(r[2] for r in busy) - min(r[1] for r in busy)
         emit("features", f"loader_rows_into_redis_{n_loaders}_process", records / took, "rows/s", records,
              partitions=k.partitions, processes_with_rows=len(busy))
+
+
+def _start_loaders(s: Settings, group: str, n: int, *loader_args: Any) -> tuple[list[Any], Any]:
+    """`n` loader processes (`_loader_process`, with `loader_args` after its queue) in `group`, started
+    and given the time to import and join the group; their results come through the queue."""
+    context = multiprocessing.get_context("spawn")  # librdkafka threads do not survive a fork
+    queue = context.Queue()
+    workers = [context.Process(target=_loader_process, args=(s, group, queue, *loader_args)) for _ in range(n)]
+    for w in workers:
+        w.start()
+    time.sleep(12)  # imports and the group join
+    return workers, queue
+
+
+def _loader_results(workers: list[Any], queue: Any, timeout_s: float) -> list[tuple[int, float, float]]:
+    """Each loader's rows written, its first batch's start and its last batch's end (perf_counter)."""
+    results = [queue.get(timeout=timeout_s) for _ in workers]
+    for w in workers:
+        w.join()
+    return results
 
 
 def _loader_process(s: Settings, group: str, queue: Any, idle_exit_s: float = 20.0,

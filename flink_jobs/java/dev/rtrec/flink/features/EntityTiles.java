@@ -52,7 +52,6 @@ final class EntityTiles {
     return opened;
   }
 
-  /** The tile of length index {@code k} starting at {@code start}, or null. */
   /**
    * The records of the tiles the features topic gets that end at {@code time}, to {@code out}. A
    * written tile's counterparts are dropped: from then on only its counts are read.
@@ -68,6 +67,7 @@ final class EntityTiles {
     }
   }
 
+  /** The tile of length index {@code k} starting at {@code start}, or null. */
   Tile at(int k, long start) {
     ArrayList<Tile> tiles = byLength.get(k);
     for (int i = tiles.size() - 1; i >= 0; i--) {
