@@ -193,10 +193,12 @@ def end_to_end(settings: Settings, n_events: int, loader_counts: tuple[int, ...]
         case = _own_outputs(s)
         group = f"{case.flink.loader_group_id}-{uuid.uuid4().hex[:6]}"
         workers, queue = _start_loaders(case, group, n_loaders, E2E_IDLE_EXIT_S, None)
+        redis_cpu_before = _redis_cpu_s(case)
         submitted = time.perf_counter()
         bounded_seconds(case, "job", everything)
         job_s = time.perf_counter() - submitted
         results = _loader_results(workers, queue, timeout_s=900)
+        redis_cpu_s = _redis_cpu_s(case) - redis_cpu_before
         loaded = sum(r[0] for r in results)
         last_write = max(r[2] for r in results if r[0])
         took = last_write - submitted - start_up
@@ -205,7 +207,14 @@ def end_to_end(settings: Settings, n_events: int, loader_counts: tuple[int, ...]
               f"started; {loaded:,} rows loaded of {committed:,} committed feature records", file=sys.stderr)
         emit("features", f"end_to_end_events_into_redis_{n_loaders}_loader", n_events / took, "events/s", n_events,
              job_events_per_s=round(n_events / (job_s - start_up)), rows_loaded=loaded,
-             feature_records_committed=committed, partitions=k.partitions)
+             feature_records_committed=committed, partitions=k.partitions, redis_cpu_s=round(redis_cpu_s, 1),
+             redis_cpu_us_per_row=round(redis_cpu_s / max(loaded, 1) * 1e6, 2))
+
+
+def _redis_cpu_s(s: Settings) -> float:
+    """The CPU time Redis's process has used (INFO cpu), all its threads: the end-to-end bound here."""
+    cpu = RedisFeatureStore(s.redis.url, s.redis.key_prefix, 0).client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 E2E_IDLE_EXIT_S = 30.0  # longer than a loader waits for the job's start and its first checkpoint
