@@ -35,20 +35,22 @@ from typing import Any
 
 import numpy as np
 
-from feature_store.keys import TILE_VALUES, entity_key_prefix
+from feature_store.keys import SLOT_VALUES, TILE_VALUES, entity_key_prefix
 from schemas.bulk import BulkDecoded, take_ragged
 from schemas.registry import field_names
 
 # Which FeatureRecord fields name the slot and its window, which carry a user's recent engagements
-# (horizon 0 only); every other field is a stored value.
+# (horizon 0 only).
 SLOT_FIELDS = ("entity_type", "entity_id", "horizon_s", "window_start", "window_end")
 RECENT_FIELDS = ("recent_items", "recent_types", "recent_times_ms")
 # a tile's sketch of its distinct counterparts (feature_store.keys)
 SKETCH_FIELD = "counterpart_hashes"
 # the longer horizons a record's window is also a tile of (one record for them all)
 TILE_OF_FIELD = "tile_of_horizons_s"
-VALUE_FIELDS = tuple(f for f in field_names("FeatureRecord")
-                     if f not in (*SLOT_FIELDS, *RECENT_FIELDS, SKETCH_FIELD, TILE_OF_FIELD))
+# every other field is a stored value, in the order the store's layout fixes (a test checks they agree)
+SCHEMA_VALUE_FIELDS = tuple(f for f in field_names("FeatureRecord")
+                            if f not in (*SLOT_FIELDS, *RECENT_FIELDS, SKETCH_FIELD, TILE_OF_FIELD))
+VALUE_FIELDS = SLOT_VALUES
 # the JSON names of a user's recent-engagements lists (feature_store.keys)
 _RECENT_JSON = {"recent_items": "items", "recent_types": "types", "recent_times_ms": "times_ms"}
 

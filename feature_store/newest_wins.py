@@ -6,8 +6,9 @@ from __future__ import annotations
 import hashlib
 
 # Many slots per call. KEYS: the entity hashes. ARGV: ttl_s, fields per slot, then per key that
-# many field/value pairs, the window end's first. Values are packed float64s (struct '<d'). A slot
-# is replaced only when the incoming window ends at or after the stored one. Returns how many were.
+# many field/value pairs. The first value starts with the window end, a packed float64 (struct '<d').
+# A slot is replaced only when the incoming window ends at or after the stored one; a first value of
+# another length was written in another layout and is replaced. Returns how many slots were.
 NEWEST_WINS = """
 local ttl = tonumber(ARGV[1])
 local stride = 2 * tonumber(ARGV[2])
@@ -15,7 +16,8 @@ local written = 0
 for k = 1, #KEYS do
   local base = 2 + (k - 1) * stride
   local current = redis.call('HGET', KEYS[k], ARGV[base + 1])
-  if not current or #current ~= 8 or struct.unpack('<d', current) <= struct.unpack('<d', ARGV[base + 2]) then
+  local incoming = ARGV[base + 2]
+  if not current or #current ~= #incoming or struct.unpack('<d', current) <= struct.unpack('<d', incoming) then
     redis.call('HSET', KEYS[k], unpack(ARGV, base + 1, base + stride))
     if ttl > 0 then redis.call('EXPIRE', KEYS[k], ttl) end
     written = written + 1

@@ -9,27 +9,38 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from feature_store.keys import TILE_BYTES, VALUE_BYTES, split_feature_name, tiles_field, window_end_field
+from feature_store.keys import (
+    SLOT_BYTES,
+    SLOT_VALUES,
+    TILE_BYTES,
+    VALUE_BYTES,
+    split_feature_name,
+    tiles_field,
+    values_field,
+)
 from feature_store.resp import RowLayout
 from feature_store.tile_merge import DISTINCT, MERGED_VALUES, merge_rings
 
 TILE_FLOATS = TILE_BYTES // VALUE_BYTES
+SLOT_FLOATS = SLOT_BYTES // VALUE_BYTES
 
 
 @dataclass(frozen=True)
 class ReadPlan:
     """What one list of feature names turns into on the wire, worked out once per list."""
 
-    width: int  # fields per entity: the plain names, one window end per plain horizon, one ring per tiled one
+    width: int  # fields per entity: one window's values per plain horizon, one ring per tiled one
     plain_width: int  # the fields before the rings
     tiled: list[tuple[int, int]]  # (horizon, tiles per ring) per ring read
-    # where each name's value comes from, as numpy indices: the names of plain fields (plain_out) from
-    # plain columns (plain_in) with their horizon's window end (plain_end_in); those of rings (tiled_out)
-    # from the merged rings [entity, ring * len(MERGED_VALUES)] (tiled_in) of ring tiled_ring; a name no tile
+    # where each name's value comes from, as numpy indices: the names of plain horizons (plain_out) from
+    # the windows' floats [entity, plain horizon * SLOT_FLOATS] (plain_in) with their window end
+    # (plain_end_in), those no window keeps (plain_unknown_out) NaN; those of rings (tiled_out) from the
+    # merged rings [entity, ring * len(MERGED_VALUES)] (tiled_in) of ring tiled_ring; a name no tile
     # keeps (unknown_out) reads NaN with its ring's window end
     plain_out: np.ndarray
     plain_in: np.ndarray
     plain_end_in: np.ndarray
+    plain_unknown_out: np.ndarray
     tiled_out: np.ndarray
     tiled_in: np.ndarray
     tiled_ring: np.ndarray
@@ -41,7 +52,7 @@ class ReadPlan:
     head: bytes  # RESP before the key
     tail: bytes  # RESP after the key: the fields
     layout: RowLayout  # an entity's reply when every field is there
-    plain_bytes: np.ndarray  # in that reply, the bytes of the plain fields' values, in order
+    plain_bytes: np.ndarray  # in that reply, the bytes of the plain horizons' windows, in order
     ring_bytes: list[tuple[int, int]]  # and each ring's offset and length
 
 
@@ -49,16 +60,19 @@ class ReadPlan:
 def read_plan(names: tuple[str, ...], tiles_s: tuple[tuple[int, int], ...]) -> ReadPlan:
     tile_of = dict(tiles_s)
     parsed = [split_feature_name(n) for n in names]
-    plain = [n for n, (h, _) in zip(names, parsed, strict=True) if h not in tile_of]
     plain_horizons = sorted({h for h, _ in parsed if h not in tile_of})
     tiled = sorted({h for h, _ in parsed if h in tile_of})
-    fields = [*plain, *(window_end_field(h) for h in plain_horizons)]
+    fields = [values_field(h) for h in plain_horizons]
     plain_width = len(fields)
     fields += [tiles_field(h) for h in tiled]
-    plain_cols, tiled_cols, unknown_cols = [], [], []
-    for column, (name, (horizon, feature)) in enumerate(zip(names, parsed, strict=True)):
+    plain_cols, plain_unknown, tiled_cols, unknown_cols = [], [], [], []
+    for column, (horizon, feature) in enumerate(parsed):
         if horizon not in tile_of:
-            plain_cols.append((column, plain.index(name), len(plain) + plain_horizons.index(horizon)))
+            end = plain_horizons.index(horizon) * SLOT_FLOATS
+            known = feature in SLOT_VALUES
+            plain_cols.append((column, end + 1 + SLOT_VALUES.index(feature) if known else end, end))
+            if not known:
+                plain_unknown.append(column)
         elif feature in MERGED_VALUES:
             r = tiled.index(horizon)
             tiled_cols.append((column, r * len(MERGED_VALUES) + MERGED_VALUES.index(feature), r))
@@ -66,9 +80,9 @@ def read_plan(names: tuple[str, ...], tiles_s: tuple[tuple[int, int], ...]) -> R
             unknown_cols.append((column, tiled.index(horizon)))
     tail = b"".join(b"$%d\r\n%s\r\n" % (len(f), f) for f in (f.encode() for f in fields))
     rings = [(h, h // tile_of[h]) for h in tiled]
-    layout = RowLayout.of([VALUE_BYTES] * plain_width + [ring * TILE_BYTES for _, ring in rings])
+    layout = RowLayout.of([SLOT_BYTES] * plain_width + [ring * TILE_BYTES for _, ring in rings])
     plain_bytes = (np.array(layout.value_at[:plain_width], dtype=np.intp)[:, None]
-                   + np.arange(VALUE_BYTES)).reshape(-1)
+                   + np.arange(SLOT_BYTES)).reshape(-1)
     ring_bytes = [(at, ring * TILE_BYTES) for at, (_, ring) in zip(layout.value_at[plain_width:], rings, strict=True)]
     plain_out, plain_in, plain_end_in = np.array(plain_cols, dtype=np.intp).reshape(-1, 3).T
     tiled_out, tiled_in, tiled_ring = np.array(tiled_cols, dtype=np.intp).reshape(-1, 3).T
@@ -76,6 +90,7 @@ def read_plan(names: tuple[str, ...], tiles_s: tuple[tuple[int, int], ...]) -> R
     return ReadPlan(
         width=len(fields), plain_width=plain_width, tiled=rings,
         plain_out=plain_out, plain_in=plain_in, plain_end_in=plain_end_in,
+        plain_unknown_out=np.array(plain_unknown, dtype=np.intp),
         tiled_out=tiled_out, tiled_in=tiled_in, tiled_ring=tiled_ring,
         unknown_out=unknown_out, unknown_ring=unknown_ring,
         distinct_rings=sorted({tiled.index(h) for h, feature in parsed if h in tile_of and feature == DISTINCT}),

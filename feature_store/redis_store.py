@@ -38,23 +38,24 @@ import redis
 from core.settings import FlinkSettings, RedisSettings
 from feature_store import resp
 from feature_store.base import UNKNOWN_WINDOW_END, OnlineFeatures, RecentEngagements
-from feature_store.columns import VALUE_FIELDS, FeatureColumns
+from feature_store.columns import FeatureColumns
 from feature_store.keys import (
     RECENT_FIELD,
     RECENT_HORIZON_S,
+    SLOT_BYTES,
     TILE_BYTES,
     VALUE_BYTES,
     entity_key,
     entity_key_prefix,
-    field_name,
     progress_key,
     sketch_field,
     sketch_field_prefix,
     tiles_field,
+    values_field,
     window_end_field,
 )
 from feature_store.newest_wins import NEWEST_WINS_SHA, SCRIPTS, TILES_NEWEST_WINS_SHA
-from feature_store.read_plan import ReadPlan, merged_rings, read_plan, ring_tiles
+from feature_store.read_plan import SLOT_FLOATS, ReadPlan, merged_rings, read_plan, ring_tiles
 from feature_store.resp import bulk_strings
 from feature_store.thread_connections import ThreadConnections
 from feature_store.tile_merge import DISTINCT, MERGED_VALUES, distinct_counts
@@ -143,9 +144,8 @@ class RedisFeatureStore:
         """One call of the script for slots of one horizon: `values` [slots, window end + values]."""
         template, value_at = _slot_template(horizon_s)
         args = np.tile(template, (len(values), 1))
-        packed = np.ascontiguousarray(values, dtype="<f8").view(np.uint8).reshape(len(values), -1, VALUE_BYTES)
-        args[:, value_at + np.arange(VALUE_BYTES)[None, :]] = packed
-        return self._script_call(keys, [self.ttl_s, len(value_at)], args.tobytes(), len(keys) * 2 * len(value_at))
+        args[:, value_at:value_at + SLOT_BYTES] = np.ascontiguousarray(values, dtype="<f8").view(np.uint8)
+        return self._script_call(keys, [self.ttl_s, 1], args.tobytes(), len(keys) * 2)
 
     def _tiles_commands(self, horizon_s: int, ring: int, rows: np.ndarray, positions: np.ndarray,
                         batch: FeatureColumns, keys: list[bytes]) -> list[bytes]:
@@ -227,6 +227,7 @@ class RedisFeatureStore:
         """The values and window ends [entity, name] of one send's entities, from what `_read_chunk` got."""
         if len(plan.plain_out):
             values[:, plan.plain_out] = chunk.plain[:, plan.plain_in]
+            values[:, plan.plain_unknown_out] = np.nan
             end = chunk.plain[:, plan.plain_end_in]
             ends[:, plan.plain_out] = np.where(np.isnan(end), UNKNOWN_WINDOW_END, end)
         if plan.tiled:
@@ -342,15 +343,11 @@ class _Chunk:
 
 
 @functools.cache
-def _slot_template(horizon_s: int) -> tuple[np.ndarray, np.ndarray]:
-    """The RESP arguments of one slot of `horizon_s` (field, value, field, value...) with zeros for the
-    values, and the byte offset of each value in it."""
-    template, value_at = b"", []
-    for field in _slot_fields(horizon_s):
-        template += bulk_strings([field.encode()]) + b"$%d\r\n" % VALUE_BYTES
-        value_at.append(len(template))
-        template += bytes(VALUE_BYTES) + b"\r\n"
-    return np.frombuffer(template, dtype=np.uint8), np.array(value_at)[:, None]
+def _slot_template(horizon_s: int) -> tuple[np.ndarray, int]:
+    """The RESP arguments of one slot of `horizon_s` (its field, its value) with zeros for the value,
+    and the byte offset of the value in it."""
+    template = bulk_strings([values_field(horizon_s).encode()]) + b"$%d\r\n" % SLOT_BYTES
+    return np.frombuffer(template + bytes(SLOT_BYTES) + b"\r\n", dtype=np.uint8), len(template)
 
 
 def tile_layout(flink: FlinkSettings) -> dict[int, int]:
@@ -370,12 +367,6 @@ def tile_layout(flink: FlinkSettings) -> dict[int, int]:
     return tiles
 
 
-@functools.cache
-def _slot_fields(horizon_s: int) -> tuple[str, ...]:
-    """The fields of one (entity, horizon) slot, in the order the writer packs them."""
-    return (window_end_field(horizon_s), *(field_name(horizon_s, name) for name in VALUE_FIELDS))
-
-
 @functools.lru_cache(maxsize=64)
 def _before_key(head: bytes, prefix: bytes) -> Callable[[int], bytes]:
     """The RESP of an HMGET up to the key's id, for an id of a given length (cached per length)."""
@@ -385,20 +376,20 @@ def _before_key(head: bytes, prefix: bytes) -> Callable[[int], bytes]:
 def _parsed_columns(replies: list[Any], plan: ReadPlan, prefix: str) -> tuple[np.ndarray, np.ndarray]:
     """The entities' replies, parsed one by one, as `_read_chunk`'s plain values and rings."""
     flat, n = _concatenated(replies), len(replies)
-    plain = _float64s([flat[c::plan.width] for c in range(plan.plain_width)], VALUE_BYTES, prefix)
-    rings = [_float64s([flat[plan.plain_width + r::plan.width]], ring * TILE_BYTES, prefix).reshape(n, -1)
+    plain = [_float64s(flat[c::plan.width], PACKED_NAN * SLOT_FLOATS, prefix).reshape(n, -1)
+             for c in range(plan.plain_width)]
+    rings = [_float64s(flat[plan.plain_width + r::plan.width], bytes(ring * TILE_BYTES), prefix).reshape(n, -1)
              for r, (_, ring) in enumerate(plan.tiled)]
-    return plain.reshape(plan.plain_width, n).T, np.concatenate([np.empty((n, 0)), *rings], axis=1)
+    return np.concatenate([np.empty((n, 0)), *plain], axis=1), np.concatenate([np.empty((n, 0)), *rings], axis=1)
 
 
-def _float64s(columns: list[list[bytes | None]], size: int, prefix: str) -> np.ndarray:
-    """The replies of `columns`, each `size` bytes of float64s (a missing one: NaNs, or for a ring
-    zeros, a tile never written), concatenated into one flat array."""
-    flat = [v for column in columns for v in column]
+def _float64s(flat: list[bytes | None], missing: bytes, prefix: str) -> np.ndarray:
+    """The replies `flat`, each as many bytes of float64s as `missing` (what a missing one reads as: NaNs
+    for a window, zeros for a ring, a tile never written), concatenated into one flat array."""
+    size = len(missing)
     try:
         joined = b"".join(flat)  # type: ignore[arg-type]
     except TypeError:  # a missing value (None): rarer than not, so only then looked for
-        missing = PACKED_NAN if size == VALUE_BYTES else bytes(size)
         joined = b"".join([missing if v is None else v for v in flat])
     if len(joined) != len(flat) * size:
         raise ValueError(f"values under {prefix}* are not what this store writes ({size}-byte float64 fields): "

@@ -9,7 +9,8 @@ import redis
 
 from core.settings import Settings
 from feature_store.base import UNKNOWN_WINDOW_END
-from feature_store.keys import entity_key
+from feature_store.columns import SCHEMA_VALUE_FIELDS
+from feature_store.keys import SLOT_BYTES, SLOT_VALUES, entity_key
 from feature_store.redis_store import RedisFeatureStore
 from schemas.feature_set import names_for
 
@@ -74,17 +75,25 @@ def test_reads_in_many_sends_keep_order_and_survive_errors(store: RedisFeatureSt
     assert store.get_online_features("user", ["m3"], ["60s.clicks"]).values.tolist() == [[3.0]]
 
 
-def test_values_are_packed_float64_and_other_layouts_are_refused(store: RedisFeatureStore, settings: Settings) -> None:
+def test_a_window_is_one_field_of_packed_float64s_and_other_layouts_are_refused(
+        store: RedisFeatureStore, settings: Settings) -> None:
     store.write_batch([record("b1", 9000, 2)])
-    raw = store.client.hget(entity_key(settings.redis.key_prefix, "user", "b1"), "60s.ctr")
-    assert raw == struct.pack("<d", 0.2)
-    old_layout = {"60s.clicks": "2", "60s.__we": "9000"}  # decimal text
+    raw = store.client.hgetall(entity_key(settings.redis.key_prefix, "user", "b1"))
+    assert list(raw) == [b"60s.values"] and len(raw[b"60s.values"]) == SLOT_BYTES
+    packed = dict(zip(("window_end", *SLOT_VALUES), struct.unpack(f"<{SLOT_BYTES // 8}d", raw[b"60s.values"]),
+                      strict=True))
+    assert packed == {k: float(v) for k, v in record("b1", 9000, 2).items() if k in packed}
+    assert SLOT_VALUES == SCHEMA_VALUE_FIELDS  # the FeatureRecord's values, in the layout's order
+    old_layout = {"60s.values": "9000"}  # decimal text
     store.client.hset(entity_key(settings.redis.key_prefix, "user", "old"), mapping=old_layout)
     with pytest.raises(ValueError, match="not what this store writes"):
         store.get_online_features("user", ["b1", "old"], ["60s.clicks"])
     # a write replaces an old-layout slot instead of comparing against it
     assert store.write_batch([record("old", 6000, 4)]) == 1
     assert store.get_online_features("user", ["old"], ["60s.clicks"]).values.tolist() == [[4.0]]
+    # a name that no window keeps reads as unknown, with its horizon's window end
+    got = store.get_online_features("user", ["b1"], ["60s.clicks", "60s.nothing"])
+    assert got.values[0, 0] == 2.0 and np.isnan(got.values[0, 1]) and got.window_end_ms.tolist() == [[9000, 9000]]
 
 
 def recent(user_id: str, window_end: int, items: list[str], times_ms: list[int]) -> dict:
@@ -165,12 +174,13 @@ def test_a_batch_decoded_in_bulk_writes_what_its_records_write(settings: Setting
             continue
         newest[slot] = r["window_end"]
         fields = expected.setdefault(key, {})
-        fields[f"{r['horizon_s']}s.__we".encode()] = struct.pack("<d", r["window_end"])
         if r["horizon_s"] == 0:
+            fields[b"0s.__we"] = struct.pack("<d", r["window_end"])
             listed = {"items": r["recent_items"], "types": r["recent_types"], "times_ms": r["recent_times_ms"]}
             fields[b"recent"] = json.dumps(listed, separators=(",", ":")).encode()
         else:
-            fields[f"{r['horizon_s']}s.clicks".encode()] = struct.pack("<d", r["clicks"])
+            values = [r["window_end"], *(r[name] for name in SLOT_VALUES)]
+            fields[f"{r['horizon_s']}s.values".encode()] = struct.pack(f"<{len(values)}d", *values)
     assert {k: {f: v for f, v in fields.items() if f in expected[k]} for k, fields in records_state.items()} == expected
 
 
@@ -471,5 +481,5 @@ def test_a_window_listing_the_horizons_it_is_a_tile_of_writes_what_a_record_per_
 
     expected = state(stores[0].prefix)
     assert any(field.startswith(b"60s.sketch.") for fields in expected.values() for field in fields)
-    assert any(b"3s.__we" in fields for fields in expected.values())
+    assert any(b"3s.values" in fields for fields in expected.values())
     assert state(stores[1].prefix) == expected == state(stores[2].prefix)
