@@ -50,7 +50,6 @@ TILE_OF_FIELD = "tile_of_horizons_s"
 # every other field is a stored value, in the order the store's layout fixes (a test checks they agree)
 SCHEMA_VALUE_FIELDS = tuple(f for f in field_names("FeatureRecord")
                             if f not in (*SLOT_FIELDS, *RECENT_FIELDS, SKETCH_FIELD, TILE_OF_FIELD))
-VALUE_FIELDS = SLOT_VALUES
 # the JSON names of a user's recent-engagements lists (feature_store.keys)
 _RECENT_JSON = {"recent_items": "items", "recent_types": "types", "recent_times_ms": "times_ms"}
 
@@ -66,7 +65,7 @@ class FeatureColumns:
     horizon_s: np.ndarray  # int64
     window_start: np.ndarray  # int64, epoch ms
     window_end: np.ndarray  # int64, epoch ms
-    value_columns: dict[str, np.ndarray]  # VALUE_FIELDS
+    value_columns: dict[str, np.ndarray]  # SLOT_VALUES
     recent_items: dict[str, tuple[np.ndarray, np.ndarray]]
     hashes: tuple[np.ndarray, np.ndarray]  # int64 flat, int64 per row
     tile_of: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # likewise
@@ -78,7 +77,7 @@ class FeatureColumns:
     def of_decoded(cls, decoded: BulkDecoded) -> FeatureColumns:
         c = decoded.columns
         return cls(c["entity_type"], c["entity_id"], c["horizon_s"], c["window_start"], c["window_end"],
-                   {name: c[name] for name in VALUE_FIELDS},
+                   {name: c[name] for name in SLOT_VALUES},
                    {name: (c[name], decoded.lengths[name]) for name in RECENT_FIELDS},
                    (c[SKETCH_FIELD], decoded.lengths[SKETCH_FIELD]),
                    (c[TILE_OF_FIELD], decoded.lengths[TILE_OF_FIELD]))
@@ -95,7 +94,7 @@ class FeatureColumns:
 
         return cls(column("entity_type", object), column("entity_id", object), column("horizon_s", np.int64),
                    column("window_start", np.int64), column("window_end", np.int64),
-                   {name: column(name, np.float64) for name in VALUE_FIELDS},
+                   {name: column(name, np.float64) for name in SLOT_VALUES},
                    {name: flat(name, object) for name in RECENT_FIELDS}, flat(SKETCH_FIELD, np.int64),
                    flat(TILE_OF_FIELD, np.int64))
 
@@ -158,8 +157,8 @@ class FeatureColumns:
         return np.sort(np.fromiter(newest.values(), dtype=np.int64, count=len(newest)))
 
     def values(self, rows: np.ndarray) -> np.ndarray:
-        """[rows, 1 + VALUE_FIELDS]: the window end, then the values, as float64."""
-        return np.column_stack([self.window_end[rows], *(self.value_columns[n][rows] for n in VALUE_FIELDS)]
+        """[rows, 1 + SLOT_VALUES]: the window end, then the values, as float64."""
+        return np.column_stack([self.window_end[rows], *(self.value_columns[n][rows] for n in SLOT_VALUES)]
                                ).astype(np.float64)
 
     def tile_values(self, rows: np.ndarray) -> np.ndarray:
