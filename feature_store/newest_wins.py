@@ -27,30 +27,41 @@ return written
 """
 NEWEST_WINS_SHA = hashlib.sha1(NEWEST_WINS.encode()).hexdigest().encode()  # Redis names a script by it
 # Many tiles of one horizon per call. KEYS: the progress hash, then the entity hashes. ARGV: ttl_s, the
-# ring's field, tiles per ring, bytes per tile, the sketch fields' prefix, then per entity its ring
-# position, its tile (the window end first) and its counterpart hashes (maybe none), kept beside the
-# tile with its window end. A ring of another length (flink.horizon_slides_s changed) starts over.
+# ring's field prefix, the progress field, tiles per ring, bytes per tile, the sketch fields' prefix,
+# then per entity its ring position, its tile (the window end first) and its counterpart hashes (maybe
+# none), kept beside the tile with its window end. A ring's first tile writes every position, zeros
+# where no tile was. The progress is the newest tile end written and the ring's length.
 TILES_NEWEST_WINS = """
-local ttl, field, n, width, sketches = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local ttl, prefix, progress_field = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+local n, width, sketches = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 local written, newest = 0, 0
 for k = 2, #KEYS do
-  local base = 3 * k
+  local base = 3 * k + 1
   local position, tile, hashes = ARGV[base], ARGV[base + 1], ARGV[base + 2]
-  local at = tonumber(position) * width
+  local field = prefix .. position
   local ends = struct.unpack('<d', tile)
   if ends > newest then newest = ends end
-  local ring = redis.call('HGET', KEYS[k], field)
-  if not ring or #ring ~= n * width then ring = string.rep('\0', n * width) end
-  if struct.unpack('<d', ring, at + 1) <= ends then
-    redis.call('HSET', KEYS[k], field, string.sub(ring, 1, at) .. tile .. string.sub(ring, at + width + 1))
-    if #hashes > 0 then redis.call('HSET', KEYS[k], sketches .. position, string.sub(tile, 1, 8) .. hashes) end
+  local current = redis.call('HGET', KEYS[k], field)
+  local args
+  if not current then
+    local zeros = string.rep('\\0', width)
+    args = {}
+    for p = 0, n - 1 do args[2 * p + 1] = prefix .. p; args[2 * p + 2] = zeros end
+    args[2 * tonumber(position) + 2] = tile
+  elseif struct.unpack('<d', current) <= ends then
+    args = {field, tile}
+  end
+  if args then
+    if #hashes > 0 then args[#args + 1] = sketches .. position; args[#args + 1] = string.sub(tile, 1, 8) .. hashes end
+    redis.call('HSET', KEYS[k], unpack(args))
     if ttl > 0 then redis.call('EXPIRE', KEYS[k], ttl) end
     written = written + 1
   end
 end
-local progress = redis.call('HGET', KEYS[1], field)
-if not progress or #progress ~= 8 or struct.unpack('<d', progress) < newest then
-  redis.call('HSET', KEYS[1], field, struct.pack('<d', newest))
+local progress = redis.call('HGET', KEYS[1], progress_field)
+local stale = not progress or #progress ~= 16
+if stale or struct.unpack('<d', progress) < newest or struct.unpack('<d', progress, 9) ~= n then
+  redis.call('HSET', KEYS[1], progress_field, struct.pack('<dd', newest, n))
 end
 return written
 """

@@ -15,7 +15,7 @@ from feature_store.keys import (
     TILE_BYTES,
     VALUE_BYTES,
     split_feature_name,
-    tiles_field,
+    tile_field,
     values_field,
 )
 from feature_store.resp import RowLayout
@@ -29,7 +29,7 @@ SLOT_FLOATS = SLOT_BYTES // VALUE_BYTES
 class ReadPlan:
     """What one list of feature names turns into on the wire, worked out once per list."""
 
-    width: int  # fields per entity: one window's values per plain horizon, one ring per tiled one
+    width: int  # fields per entity: one window's values per plain horizon, a ring's positions per tiled one
     plain_width: int  # the fields before the rings
     tiled: list[tuple[int, int]]  # (horizon, tiles per ring) per ring read
     # where each name's value comes from, as numpy indices: the names of plain horizons (plain_out) from
@@ -53,7 +53,7 @@ class ReadPlan:
     tail: bytes  # RESP after the key: the fields
     layout: RowLayout  # an entity's reply when every field is there
     plain_bytes: np.ndarray  # in that reply, the bytes of the plain horizons' windows, in order
-    ring_bytes: list[tuple[int, int]]  # and each ring's offset and length
+    ring_bytes: np.ndarray  # and those of the rings' tiles, in order
 
 
 @functools.lru_cache(maxsize=64)
@@ -64,7 +64,8 @@ def read_plan(names: tuple[str, ...], tiles_s: tuple[tuple[int, int], ...]) -> R
     tiled = sorted({h for h, _ in parsed if h in tile_of})
     fields = [values_field(h) for h in plain_horizons]
     plain_width = len(fields)
-    fields += [tiles_field(h) for h in tiled]
+    rings = [(h, h // tile_of[h]) for h in tiled]
+    fields += [tile_field(h, ring, p) for h, ring in rings for p in range(ring)]
     plain_cols, plain_unknown, tiled_cols, unknown_cols = [], [], [], []
     for column, (horizon, feature) in enumerate(parsed):
         if horizon not in tile_of:
@@ -79,11 +80,10 @@ def read_plan(names: tuple[str, ...], tiles_s: tuple[tuple[int, int], ...]) -> R
         else:
             unknown_cols.append((column, tiled.index(horizon)))
     tail = b"".join(b"$%d\r\n%s\r\n" % (len(f), f) for f in (f.encode() for f in fields))
-    rings = [(h, h // tile_of[h]) for h in tiled]
-    layout = RowLayout.of([SLOT_BYTES] * plain_width + [ring * TILE_BYTES for _, ring in rings])
+    layout = RowLayout.of([SLOT_BYTES] * plain_width + [TILE_BYTES] * (len(fields) - plain_width))
     plain_bytes = (np.array(layout.value_at[:plain_width], dtype=np.intp)[:, None]
                    + np.arange(SLOT_BYTES)).reshape(-1)
-    ring_bytes = [(at, ring * TILE_BYTES) for at, (_, ring) in zip(layout.value_at[plain_width:], rings, strict=True)]
+    ring_bytes = (np.array(layout.value_at[plain_width:], dtype=np.intp)[:, None] + np.arange(TILE_BYTES)).reshape(-1)
     plain_out, plain_in, plain_end_in = np.array(plain_cols, dtype=np.intp).reshape(-1, 3).T
     tiled_out, tiled_in, tiled_ring = np.array(tiled_cols, dtype=np.intp).reshape(-1, 3).T
     unknown_out, unknown_ring = np.array(unknown_cols, dtype=np.intp).reshape(-1, 2).T

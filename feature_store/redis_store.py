@@ -9,8 +9,8 @@ one horizon has the same field names, so its arguments are one fixed template wi
 copied in, where redis-py's pipeline encoded each of twenty arguments per slot in Python.
 
 A tile of a longer horizon goes into its position of the entity's ring (`feature_store.keys`) by a
-second script, which splices it in when it ends at or after the tile there, and raises the horizon's
-progress. A read of such a horizon fetches the ring and adds its tiles up in numpy
+second script, which sets it when it ends at or after the tile there, and raises the horizon's
+progress. A read of such a horizon fetches the ring's positions and adds its tiles up in numpy
 (`feature_store.tile_merge`).
 
 Every value is stored as 8 bytes, a little-endian float64: a read turns the replies into a matrix
@@ -47,10 +47,11 @@ from feature_store.keys import (
     VALUE_BYTES,
     entity_key,
     entity_key_prefix,
+    progress_field,
     progress_key,
     sketch_field,
     sketch_field_prefix,
-    tiles_field,
+    tile_field_prefix,
     values_field,
     window_end_field,
 )
@@ -150,8 +151,8 @@ class RedisFeatureStore:
     def _tiles_commands(self, horizon_s: int, ring: int, rows: np.ndarray, positions: np.ndarray,
                         batch: FeatureColumns, keys: list[bytes]) -> list[bytes]:
         """Calls of the tiles script for tiles of one horizon and ring length."""
-        head = [tiles_field(horizon_s).encode(), b"%d" % ring, b"%d" % TILE_BYTES,
-                sketch_field_prefix(horizon_s).encode()]
+        head = [tile_field_prefix(horizon_s, ring).encode(), progress_field(horizon_s).encode(), b"%d" % ring,
+                b"%d" % TILE_BYTES, sketch_field_prefix(horizon_s).encode()]
         tiles = np.ascontiguousarray(batch.tile_values(rows), dtype="<f8").tobytes()
         sketches = batch.sketches(rows)
         commands = []
@@ -217,7 +218,7 @@ class RedisFeatureStore:
             part = ids[start:start + ENTITIES_PER_SEND]
             chunk = self._read_chunk(prefix, part, plan, not start)
             if not start:  # every send is merged as of the first one's progress
-                as_of = [None if p is None else float(np.frombuffer(p, dtype="<f8")[0]) for p in chunk.progress]
+                as_of = _progress_ends(chunk.progress, plan)
             rows = slice(start, start + len(part))
             self._fill(values[rows], ends[rows], chunk, plan, as_of, prefix, part)
         return OnlineFeatures(list(names), values, ends)
@@ -283,8 +284,7 @@ class RedisFeatureStore:
             plain = np.ascontiguousarray(rows[:, plan.plain_bytes]).view("<f8")
             width = plan.ring_floats[-1] * VALUE_BYTES
             rings = np.frombuffer(self._scratch_buffer("rings", n * width), np.uint8, n * width).reshape(n, width)
-            for (at, size), into in zip(plan.ring_bytes, plan.ring_floats[:-1], strict=True):
-                rings[:, into * VALUE_BYTES:into * VALUE_BYTES + size] = rows[:, at:at + size]
+            np.take(rows, plan.ring_bytes, axis=1, out=rings, mode="clip")  # "raise" would copy through a buffer
             rings = rings.view("<f8")
         else:
             replies = got if isinstance(got, list) else resp.parse(got, n_replies)
@@ -307,7 +307,7 @@ class RedisFeatureStore:
             setattr(self._scratch, name, buffer)
 
     def _progress_command(self, plan: ReadPlan) -> bytes:
-        fields = [tiles_field(h).encode() for h, _ in plan.tiled]
+        fields = [progress_field(h).encode() for h, _ in plan.tiled]
         return (b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2)
                 + bulk_strings([progress_key(self.prefix).encode(), *fields]))
 
@@ -373,14 +373,30 @@ def _before_key(head: bytes, prefix: bytes) -> Callable[[int], bytes]:
     return functools.cache(lambda length: b"%s$%d\r\n%s" % (head, len(prefix) + length, prefix))
 
 
+def _progress_ends(progress: list[bytes | None], plan: ReadPlan) -> list[float | None]:
+    """The newest tile end of each tiled horizon from the progress replies (None: no tile yet); a ring
+    of another length than the read's raises (its tiles are other fields)."""
+    ends: list[float | None] = []
+    for value, (horizon, ring) in zip(progress, plan.tiled, strict=True):
+        if value is None:
+            ends.append(None)
+            continue
+        end, *written_ring = np.frombuffer(value, dtype="<f8")
+        if written_ring and written_ring[0] != ring:
+            raise ValueError(f"the {horizon} s horizon is written as a ring of {int(written_ring[0])} tiles, and this "
+                             f"reader expects {ring}: both must have the same flink.horizon_slides_s")
+        ends.append(float(end))
+    return ends
+
+
 def _parsed_columns(replies: list[Any], plan: ReadPlan, prefix: str) -> tuple[np.ndarray, np.ndarray]:
     """The entities' replies, parsed one by one, as `_read_chunk`'s plain values and rings."""
     flat, n = _concatenated(replies), len(replies)
     plain = [_float64s(flat[c::plan.width], PACKED_NAN * SLOT_FLOATS, prefix).reshape(n, -1)
              for c in range(plan.plain_width)]
-    rings = [_float64s(flat[plan.plain_width + r::plan.width], bytes(ring * TILE_BYTES), prefix).reshape(n, -1)
-             for r, (_, ring) in enumerate(plan.tiled)]
-    return np.concatenate([np.empty((n, 0)), *plain], axis=1), np.concatenate([np.empty((n, 0)), *rings], axis=1)
+    tiles = [_float64s(flat[c::plan.width], bytes(TILE_BYTES), prefix).reshape(n, -1)
+             for c in range(plan.plain_width, plan.width)]
+    return np.concatenate([np.empty((n, 0)), *plain], axis=1), np.concatenate([np.empty((n, 0)), *tiles], axis=1)
 
 
 def _float64s(flat: list[bytes | None], missing: bytes, prefix: str) -> np.ndarray:

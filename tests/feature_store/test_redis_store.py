@@ -10,7 +10,7 @@ import redis
 from core.settings import Settings
 from feature_store.base import UNKNOWN_WINDOW_END
 from feature_store.columns import SCHEMA_VALUE_FIELDS
-from feature_store.keys import SLOT_BYTES, SLOT_VALUES, entity_key
+from feature_store.keys import SLOT_BYTES, SLOT_VALUES, TILE_BYTES, TILE_VALUES, entity_key, progress_key
 from feature_store.redis_store import RedisFeatureStore
 from schemas.feature_set import names_for
 
@@ -274,6 +274,29 @@ def test_tiles_and_whole_windows_are_read_together_and_other_layouts_refused(til
         tiled.get_online_features("user", ["m3"], ["600s.clicks"])
     with pytest.raises(ValueError, match="does not divide"):
         tiled.write_batch([{**tile("m4", 60, 0, 1, 1), "window_end": 7000}])
+
+
+def test_a_ring_is_one_field_per_position_all_written_with_its_first_tile(tiled: RedisFeatureStore) -> None:
+    """The first tile of an entity's ring writes every position (zeros where no tile is), so that a read
+    finds them all; a later tile replaces its position and its sketch alone. The progress holds the newest
+    tile end and the ring's length."""
+    key = entity_key(tiled.prefix, "user", "p1")
+    first = {**tile("p1", 60, 6000, 4, 1, (900, 3), 2), "counterpart_hashes": [5, 7]}
+    tiled.write_batch([first])
+    raw = tiled.client.hgetall(key)
+    ring = [raw.pop(b"60s.t20.%d" % p) for p in range(20)]
+    assert raw == {b"60s.sketch.2": struct.pack("<d2q", 9000, 5, 7)}
+    assert ring[2] == struct.pack(f"<{TILE_BYTES // 8}d", 9000, *(float(first[v]) for v in TILE_VALUES))
+    assert [r for p, r in enumerate(ring) if p != 2] == [bytes(TILE_BYTES)] * 19
+    assert tiled.client.hget(progress_key(tiled.prefix), "60s.tiles") == struct.pack("<dd", 9000, 20)
+    later = tile("p1", 60, 9000, 1, 1)
+    assert tiled.write_batch([later, first]) == 2  # the first again: an equal end is written again, the same bytes
+    after = tiled.client.hgetall(key)
+    assert {f for f in after if after[f] != (ring[int(f.split(b".")[2])] if b".t20." in f else raw.get(f))} == {
+        b"60s.t20.3"}
+    assert tiled.client.hget(progress_key(tiled.prefix), "60s.tiles") == struct.pack("<dd", 12_000, 20)
+    got = tiled.get_online_features("user", ["p1"], ["60s.impressions", "60s.distinct_counterparts"])
+    assert got.values.tolist() == [[5.0, 2.0]] and got.window_end_ms.tolist() == [[12_000, 12_000]]
 
 
 def test_replies_read_as_rows_give_what_replies_parsed_one_by_one_give(tiled: RedisFeatureStore,
