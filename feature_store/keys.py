@@ -21,20 +21,22 @@ for: `0s.__we` (that end, 8 bytes like the others) and `recent`, JSON
 
 A longer horizon whose window hops (the feature job's `flink.horizon_slides_s`: 3 s for 60 s, 30 s
 for 600 s) is kept as tiles, a tumbling window of its hop each, instead of one window: a ring of
-n = horizon / hop tiles, position k in the field `{horizon}s.t{n}.{k}`. A tile is its window end, then
+n = horizon / hop tiles, kept TILES_PER_FIELD tiles to a hash field, `{horizon}s.t{n}.{j}` holding
+tiles j * TILES_PER_FIELD onwards (the last field maybe fewer). A tile is its window end, then
 TILE_VALUES, each 8 bytes like the others; a tile whose window end is 0 was never written. Each
 position is replaced only by a tile that ends later (newest wins). The first tile written into an
-entity's ring writes every position (zeros where none was), so that a read of the ring finds all its
-fields and is cut into columns without a parse per reply. One field per position, not the ring in one
-field: Redis took 14-19 µs of its thread to rewrite a 1,440-byte ring for each tile and 7-10 µs to set
-one position (README, "End to end, into Redis"), at the cost of about half as much memory again. A ring
-of another length (flink.horizon_slides_s changed) is other fields. The hash `{prefix}:progress` holds
-per horizon (`progress_field`) the newest tile end written and the ring's length, two float64s: a read
-adds up each entity's tiles ending in (progress - horizon, progress], the hopping window that ends at
-the store's progress in event time, and refuses a ring of another length.
+entity's ring writes all of its fields (zeros where no tile is), so that a read of the ring finds
+every field and is cut into columns without a parse per reply. Why parts of a ring: Redis rewrote a
+1,440-byte ring for each tile in 14-19 µs of its thread and set a field of one tile in 7-10 µs, but a
+read of 20 fields per ring took it twice as long as a read of one (README, "A tile rewrites part of
+its ring"). A ring of another length (flink.horizon_slides_s changed) is other fields. The hash
+`{prefix}:progress` holds per horizon (`progress_field`) the newest tile end written and the ring's
+length, two float64s: a read adds up each entity's tiles ending in (progress - horizon, progress],
+the hopping window that ends at the store's progress in event time, and refuses a ring of another
+length.
 
->>> tile_field(600, 20, 7), progress_key("rtrec"), progress_field(600), TILE_BYTES
-('600s.t20.7', 'rtrec:progress', '600s.tiles', 72)
+>>> ring_field(600, 20, 3), ring_parts(20), ring_parts(7), progress_key("rtrec"), progress_field(600)
+('600s.t20.3', [5, 5, 5, 5], [5, 2], 'rtrec:progress', '600s.tiles')
 
 Distinct counterparts do not add up across tiles, so a user's or item's tile also keeps its sketch: the
 field `{horizon}s.sketch.{k}` for ring position k holds the tile's window end (8 bytes, as in the ring)
@@ -67,6 +69,7 @@ SLOT_VALUES = ("impressions", "clicks", "likes", "carts", "orders", "ctr", "dwel
                "distinct_counterparts", "dwell_count")
 VALUE_BYTES = 8  # every value is a little-endian float64
 TILE_BYTES = VALUE_BYTES * (1 + len(TILE_VALUES))
+TILES_PER_FIELD = 5  # of a ring (a part of the ring is rewritten per tile, and read per field)
 SLOT_BYTES = VALUE_BYTES * (1 + len(SLOT_VALUES))
 
 
@@ -92,13 +95,19 @@ def values_field(horizon_s: int) -> str:
     return f"{horizon_s}s.values"
 
 
-def tile_field(horizon_s: int, ring: int, position: int) -> str:
-    """Position `position` of a ring of `ring` tiles."""
-    return f"{tile_field_prefix(horizon_s, ring)}{position}"
+def ring_field(horizon_s: int, ring: int, part: int) -> str:
+    """Part `part` of a ring of `ring` tiles: its tiles part * TILES_PER_FIELD onwards."""
+    return f"{ring_field_prefix(horizon_s, ring)}{part}"
 
 
-def tile_field_prefix(horizon_s: int, ring: int) -> str:
+def ring_field_prefix(horizon_s: int, ring: int) -> str:
     return f"{horizon_s}s.t{ring}."
+
+
+def ring_parts(ring: int) -> list[int]:
+    """The tiles in each of a ring's fields, in order."""
+    whole, rest = divmod(ring, TILES_PER_FIELD)
+    return [TILES_PER_FIELD] * whole + [rest] * bool(rest)
 
 
 def progress_field(horizon_s: int) -> str:

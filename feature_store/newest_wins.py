@@ -27,33 +27,46 @@ return written
 """
 NEWEST_WINS_SHA = hashlib.sha1(NEWEST_WINS.encode()).hexdigest().encode()  # Redis names a script by it
 # Many tiles of one horizon per call. KEYS: the progress hash, then the entity hashes. ARGV: ttl_s, the
-# ring's field prefix, the progress field, tiles per ring, bytes per tile, the sketch fields' prefix,
-# then per entity its ring position, its tile (the window end first) and its counterpart hashes (maybe
-# none), kept beside the tile with its window end. A ring's first tile writes every position, zeros
-# where no tile was. The progress is the newest tile end written and the ring's length.
+# ring's field prefix, the progress field, tiles per ring, bytes per tile, tiles per field, the sketch
+# fields' prefix, then per entity its ring position, its tile (the window end first) and its
+# counterpart hashes (maybe none), kept beside the tile with its window end. A tile is spliced into
+# the field holding its position; a ring's first tile writes all of its fields, zeros where no tile
+# was. The progress is the newest tile end written and the ring's length.
 TILES_NEWEST_WINS = """
 local ttl, prefix, progress_field = tonumber(ARGV[1]), ARGV[2], ARGV[3]
-local n, width, sketches = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
+local n, width, per_field, sketches = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+local parts = math.ceil(n / per_field)
+local full, last = string.rep('\\0', per_field * width), string.rep('\\0', (n - (parts - 1) * per_field) * width)
 local written, newest = 0, 0
 for k = 2, #KEYS do
-  local base = 3 * k + 1
-  local position, tile, hashes = ARGV[base], ARGV[base + 1], ARGV[base + 2]
-  local field = prefix .. position
+  local base = 3 * k + 2
+  local position, tile, hashes = tonumber(ARGV[base]), ARGV[base + 1], ARGV[base + 2]
+  local part = math.floor(position / per_field)
+  local at, field, zeros = (position % per_field) * width, prefix .. part, part == parts - 1 and last or full
   local ends = struct.unpack('<d', tile)
   if ends > newest then newest = ends end
   local current = redis.call('HGET', KEYS[k], field)
-  local args
-  if not current then
-    local zeros = string.rep('\\0', width)
-    args = {}
-    for p = 0, n - 1 do args[2 * p + 1] = prefix .. p; args[2 * p + 2] = zeros end
-    args[2 * tonumber(position) + 2] = tile
-  elseif struct.unpack('<d', current) <= ends then
-    args = {field, tile}
-  end
-  if args then
-    if #hashes > 0 then args[#args + 1] = sketches .. position; args[#args + 1] = string.sub(tile, 1, 8) .. hashes end
-    redis.call('HSET', KEYS[k], unpack(args))
+  local fresh = not current
+  if fresh or #current ~= #zeros then current = zeros end
+  if struct.unpack('<d', current, at + 1) <= ends then
+    local value = string.sub(current, 1, at) .. tile .. string.sub(current, at + width + 1)
+    local sketch = #hashes > 0 and string.sub(tile, 1, 8) .. hashes
+    if fresh then
+      -- every part, a thousand per HSET (Lua unpacks at most about 8,000 values)
+      for from = 0, parts - 1, 1000 do
+        local args = {}
+        for j = from, math.min(from + 999, parts - 1) do
+          args[#args + 1] = prefix .. j
+          args[#args + 1] = j == part and value or (j == parts - 1 and last or full)
+        end
+        redis.call('HSET', KEYS[k], unpack(args))
+      end
+      if sketch then redis.call('HSET', KEYS[k], sketches .. position, sketch) end
+    elseif sketch then
+      redis.call('HSET', KEYS[k], field, value, sketches .. position, sketch)
+    else
+      redis.call('HSET', KEYS[k], field, value)
+    end
     if ttl > 0 then redis.call('EXPIRE', KEYS[k], ttl) end
     written = written + 1
   end

@@ -14,8 +14,9 @@ from feature_store.keys import (
     SLOT_VALUES,
     TILE_BYTES,
     VALUE_BYTES,
+    ring_field,
+    ring_parts,
     split_feature_name,
-    tile_field,
     values_field,
 )
 from feature_store.resp import RowLayout
@@ -29,7 +30,7 @@ SLOT_FLOATS = SLOT_BYTES // VALUE_BYTES
 class ReadPlan:
     """What one list of feature names turns into on the wire, worked out once per list."""
 
-    width: int  # fields per entity: one window's values per plain horizon, a ring's positions per tiled one
+    width: int  # fields per entity: one window's values per plain horizon, a ring's fields per tiled one
     plain_width: int  # the fields before the rings
     tiled: list[tuple[int, int]]  # (horizon, tiles per ring) per ring read
     # where each name's value comes from, as numpy indices: the names of plain horizons (plain_out) from
@@ -54,6 +55,7 @@ class ReadPlan:
     layout: RowLayout  # an entity's reply when every field is there
     plain_bytes: np.ndarray  # in that reply, the bytes of the plain horizons' windows, in order
     ring_bytes: np.ndarray  # and those of the rings' tiles, in order
+    ring_field_bytes: list[int]  # the length of each field of the rings
 
 
 @functools.lru_cache(maxsize=64)
@@ -65,7 +67,8 @@ def read_plan(names: tuple[str, ...], tiles_s: tuple[tuple[int, int], ...]) -> R
     fields = [values_field(h) for h in plain_horizons]
     plain_width = len(fields)
     rings = [(h, h // tile_of[h]) for h in tiled]
-    fields += [tile_field(h, ring, p) for h, ring in rings for p in range(ring)]
+    ring_field_bytes = [tiles * TILE_BYTES for _, ring in rings for tiles in ring_parts(ring)]
+    fields += [ring_field(h, ring, j) for h, ring in rings for j in range(len(ring_parts(ring)))]
     plain_cols, plain_unknown, tiled_cols, unknown_cols = [], [], [], []
     for column, (horizon, feature) in enumerate(parsed):
         if horizon not in tile_of:
@@ -80,10 +83,11 @@ def read_plan(names: tuple[str, ...], tiles_s: tuple[tuple[int, int], ...]) -> R
         else:
             unknown_cols.append((column, tiled.index(horizon)))
     tail = b"".join(b"$%d\r\n%s\r\n" % (len(f), f) for f in (f.encode() for f in fields))
-    layout = RowLayout.of([SLOT_BYTES] * plain_width + [TILE_BYTES] * (len(fields) - plain_width))
+    layout = RowLayout.of([SLOT_BYTES] * plain_width + ring_field_bytes)
     plain_bytes = (np.array(layout.value_at[:plain_width], dtype=np.intp)[:, None]
                    + np.arange(SLOT_BYTES)).reshape(-1)
-    ring_bytes = (np.array(layout.value_at[plain_width:], dtype=np.intp)[:, None] + np.arange(TILE_BYTES)).reshape(-1)
+    ring_at = zip(layout.value_at[plain_width:], ring_field_bytes, strict=True)
+    ring_bytes = np.concatenate([np.zeros(0, np.intp), *(np.arange(at, at + size) for at, size in ring_at)])
     plain_out, plain_in, plain_end_in = np.array(plain_cols, dtype=np.intp).reshape(-1, 3).T
     tiled_out, tiled_in, tiled_ring = np.array(tiled_cols, dtype=np.intp).reshape(-1, 3).T
     unknown_out, unknown_ring = np.array(unknown_cols, dtype=np.intp).reshape(-1, 2).T
@@ -96,7 +100,7 @@ def read_plan(names: tuple[str, ...], tiles_s: tuple[tuple[int, int], ...]) -> R
         distinct_rings=sorted({tiled.index(h) for h, feature in parsed if h in tile_of and feature == DISTINCT}),
         ring_floats=[0, *np.cumsum([ring * TILE_FLOATS for _, ring in rings]).tolist()], fields=fields,
         head=b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2), tail=tail, layout=layout, plain_bytes=plain_bytes,
-        ring_bytes=ring_bytes)
+        ring_bytes=ring_bytes, ring_field_bytes=ring_field_bytes)
 
 
 def merged_rings(rings: np.ndarray, plan: ReadPlan, as_of_ms: list[float | None]) -> tuple[np.ndarray, np.ndarray]:

@@ -44,14 +44,15 @@ from feature_store.keys import (
     RECENT_HORIZON_S,
     SLOT_BYTES,
     TILE_BYTES,
+    TILES_PER_FIELD,
     VALUE_BYTES,
     entity_key,
     entity_key_prefix,
     progress_field,
     progress_key,
+    ring_field_prefix,
     sketch_field,
     sketch_field_prefix,
-    tile_field_prefix,
     values_field,
     window_end_field,
 )
@@ -151,8 +152,8 @@ class RedisFeatureStore:
     def _tiles_commands(self, horizon_s: int, ring: int, rows: np.ndarray, positions: np.ndarray,
                         batch: FeatureColumns, keys: list[bytes]) -> list[bytes]:
         """Calls of the tiles script for tiles of one horizon and ring length."""
-        head = [tile_field_prefix(horizon_s, ring).encode(), progress_field(horizon_s).encode(), b"%d" % ring,
-                b"%d" % TILE_BYTES, sketch_field_prefix(horizon_s).encode()]
+        head = [ring_field_prefix(horizon_s, ring).encode(), progress_field(horizon_s).encode(), b"%d" % ring,
+                b"%d" % TILE_BYTES, b"%d" % TILES_PER_FIELD, sketch_field_prefix(horizon_s).encode()]
         tiles = np.ascontiguousarray(batch.tile_values(rows), dtype="<f8").tobytes()
         sketches = batch.sketches(rows)
         commands = []
@@ -394,8 +395,8 @@ def _parsed_columns(replies: list[Any], plan: ReadPlan, prefix: str) -> tuple[np
     flat, n = _concatenated(replies), len(replies)
     plain = [_float64s(flat[c::plan.width], PACKED_NAN * SLOT_FLOATS, prefix).reshape(n, -1)
              for c in range(plan.plain_width)]
-    tiles = [_float64s(flat[c::plan.width], bytes(TILE_BYTES), prefix).reshape(n, -1)
-             for c in range(plan.plain_width, plan.width)]
+    tiles = [_float64s(flat[plan.plain_width + c::plan.width], bytes(size), prefix).reshape(n, -1)
+             for c, size in enumerate(plan.ring_field_bytes)]
     return np.concatenate([np.empty((n, 0)), *plain], axis=1), np.concatenate([np.empty((n, 0)), *tiles], axis=1)
 
 

@@ -26,8 +26,8 @@ import numpy as np
 from feature_store.columns import FeatureColumns
 from schemas.dead_letter import Reject
 
-# The most tiles a horizon's ring may have (a day of one-second tiles); a ring is one Redis string, at most
-# 512 MB, and a record that asked for more would end the write it is in.
+# The most tiles a horizon's ring may have (a day of one-second tiles): a ring's fields are all written by
+# its first tile and all read by every read of its horizon.
 MAX_RING_TILES = 86_400
 KEPT_ID_CHARS = 600  # of an entity id in a reject's reason and key (a pair's id joins two ids)
 

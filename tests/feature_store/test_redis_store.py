@@ -10,8 +10,9 @@ import redis
 from core.settings import Settings
 from feature_store.base import UNKNOWN_WINDOW_END
 from feature_store.columns import SCHEMA_VALUE_FIELDS
-from feature_store.keys import SLOT_BYTES, SLOT_VALUES, TILE_BYTES, TILE_VALUES, entity_key, progress_key
+from feature_store.keys import SLOT_BYTES, SLOT_VALUES, TILE_BYTES, TILE_VALUES, entity_key, progress_key, ring_parts
 from feature_store.redis_store import RedisFeatureStore
+from feature_store.validation import MAX_RING_TILES
 from schemas.feature_set import names_for
 
 pytestmark = pytest.mark.integration
@@ -276,27 +277,43 @@ def test_tiles_and_whole_windows_are_read_together_and_other_layouts_refused(til
         tiled.write_batch([{**tile("m4", 60, 0, 1, 1), "window_end": 7000}])
 
 
-def test_a_ring_is_one_field_per_position_all_written_with_its_first_tile(tiled: RedisFeatureStore) -> None:
-    """The first tile of an entity's ring writes every position (zeros where no tile is), so that a read
-    finds them all; a later tile replaces its position and its sketch alone. The progress holds the newest
-    tile end and the ring's length."""
+def test_a_ring_is_kept_in_parts_all_written_with_its_first_tile(tiled: RedisFeatureStore) -> None:
+    """The first tile of an entity's ring writes all of its fields (TILES_PER_FIELD tiles each, zeros
+    where no tile is), so that a read finds them all; a later tile is spliced into its part, with its
+    sketch beside it. The progress holds the newest tile end and the ring's length."""
     key = entity_key(tiled.prefix, "user", "p1")
-    first = {**tile("p1", 60, 6000, 4, 1, (900, 3), 2), "counterpart_hashes": [5, 7]}
+    first = {**tile("p1", 60, 6000, 4, 1, (900, 3), 2), "counterpart_hashes": [5, 7]}  # position 2
     tiled.write_batch([first])
     raw = tiled.client.hgetall(key)
-    ring = [raw.pop(b"60s.t20.%d" % p) for p in range(20)]
+    parts = [raw.pop(b"60s.t20.%d" % j) for j in range(len(ring_parts(20)))]
     assert raw == {b"60s.sketch.2": struct.pack("<d2q", 9000, 5, 7)}
-    assert ring[2] == struct.pack(f"<{TILE_BYTES // 8}d", 9000, *(float(first[v]) for v in TILE_VALUES))
-    assert [r for p, r in enumerate(ring) if p != 2] == [bytes(TILE_BYTES)] * 19
+    packed = struct.pack(f"<{TILE_BYTES // 8}d", 9000, *(float(first[v]) for v in TILE_VALUES))
+    ring = b"".join(parts)
+    assert len(ring) == 20 * TILE_BYTES and ring == bytes(2 * TILE_BYTES) + packed + bytes(17 * TILE_BYTES)
     assert tiled.client.hget(progress_key(tiled.prefix), "60s.tiles") == struct.pack("<dd", 9000, 20)
-    later = tile("p1", 60, 9000, 1, 1)
+    later = tile("p1", 60, 18_000, 1, 1)  # position 6, in the second part
     assert tiled.write_batch([later, first]) == 2  # the first again: an equal end is written again, the same bytes
+    before = {**raw, **{b"60s.t20.%d" % j: part for j, part in enumerate(parts)}}
     after = tiled.client.hgetall(key)
-    assert {f for f in after if after[f] != (ring[int(f.split(b".")[2])] if b".t20." in f else raw.get(f))} == {
-        b"60s.t20.3"}
-    assert tiled.client.hget(progress_key(tiled.prefix), "60s.tiles") == struct.pack("<dd", 12_000, 20)
+    assert {f for f in after if after[f] != before.get(f)} == {b"60s.t20.1"}
+    assert after[b"60s.t20.1"][TILE_BYTES:2 * TILE_BYTES] == struct.pack(
+        f"<{TILE_BYTES // 8}d", 21_000, *(float(later[v]) for v in TILE_VALUES))
+    assert tiled.client.hget(progress_key(tiled.prefix), "60s.tiles") == struct.pack("<dd", 21_000, 20)
     got = tiled.get_online_features("user", ["p1"], ["60s.impressions", "60s.distinct_counterparts"])
-    assert got.values.tolist() == [[5.0, 2.0]] and got.window_end_ms.tolist() == [[12_000, 12_000]]
+    assert got.values.tolist() == [[5.0, 2.0]] and got.window_end_ms.tolist() == [[21_000, 21_000]]
+
+
+def test_the_longest_ring_a_loader_keeps_is_written_and_read_whole(settings: Settings) -> None:
+    """A ring of MAX_RING_TILES positions, more fields than one HSET of the script writes at once: every
+    field is there after its first tile, and the read adds up the tiles it holds."""
+    store = RedisFeatureStore(settings.redis.url, settings.redis.key_prefix + "-long", ttl_s=600,
+                              tiles_s={MAX_RING_TILES: 1})
+    starts = [0, 999_000, 1_000_000, MAX_RING_TILES * 1000 - 1000]
+    store.write_batch([{**record("h1", start + 1000, 1, MAX_RING_TILES), "window_start": start, "impressions": 2}
+                       for start in starts])
+    assert store.client.hlen(entity_key(store.prefix, "user", "h1")) == len(ring_parts(MAX_RING_TILES)) > 8000
+    got = store.get_online_features("user", ["h1"], [f"{MAX_RING_TILES}s.impressions", f"{MAX_RING_TILES}s.clicks"])
+    assert got.values.tolist() == [[8.0, 4.0]] and got.window_end_ms.tolist() == [[MAX_RING_TILES * 1000] * 2]
 
 
 def test_replies_read_as_rows_give_what_replies_parsed_one_by_one_give(tiled: RedisFeatureStore,
