@@ -54,7 +54,7 @@ class ReadPlan:
     tail: bytes  # RESP after the key: the fields
     layout: RowLayout  # an entity's reply when every field is there
     plain_bytes: np.ndarray  # in that reply, the bytes of the plain horizons' windows, in order
-    ring_bytes: np.ndarray  # and those of the rings' tiles, in order
+    ring_bytes: list[tuple[int, int, int]]  # and each ring field's offset, length and offset in the rings
     ring_field_bytes: list[int]  # the length of each field of the rings
 
 
@@ -86,8 +86,8 @@ def read_plan(names: tuple[str, ...], tiles_s: tuple[tuple[int, int], ...]) -> R
     layout = RowLayout.of([SLOT_BYTES] * plain_width + ring_field_bytes)
     plain_bytes = (np.array(layout.value_at[:plain_width], dtype=np.intp)[:, None]
                    + np.arange(SLOT_BYTES)).reshape(-1)
-    ring_at = zip(layout.value_at[plain_width:], ring_field_bytes, strict=True)
-    ring_bytes = np.concatenate([np.zeros(0, np.intp), *(np.arange(at, at + size) for at, size in ring_at)])
+    ring_bytes = [(at, size, into) for at, size, into in zip(layout.value_at[plain_width:], ring_field_bytes,
+                                                              np.cumsum([0, *ring_field_bytes]).tolist(), strict=False)]
     plain_out, plain_in, plain_end_in = np.array(plain_cols, dtype=np.intp).reshape(-1, 3).T
     tiled_out, tiled_in, tiled_ring = np.array(tiled_cols, dtype=np.intp).reshape(-1, 3).T
     unknown_out, unknown_ring = np.array(unknown_cols, dtype=np.intp).reshape(-1, 2).T
