@@ -541,7 +541,8 @@ def reads(settings: Settings, n_entities: int = 20_000) -> None:
     now = int(time.time() * 1000)
     # ids as redis-benchmark -r writes its random numbers (12 digits), so that it reads these users
     ids = [f"u{i:012d}" for i in range(n_entities)]
-    # one tile per horizon: a ring is stored and read whole, however many of its tiles were written
+    # one tile per horizon: a ring's fields are all written with its first tile and read whole, however many of
+    # its tiles were written
     records = [{**feature_record(i, now), "entity_id": ids[i], "horizon_s": h, "window_start": now - TILES_MS[h]}
                for i in range(n_entities) for h in (60, 600)]
     for start in range(0, len(records), 20_000):
