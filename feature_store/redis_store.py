@@ -9,9 +9,9 @@ one horizon has the same field names, so its arguments are one fixed template wi
 copied in, where redis-py's pipeline encoded each of twenty arguments per slot in Python.
 
 A tile of a longer horizon goes into its position of the entity's ring (`feature_store.keys`) by a
-second script, which sets it when it ends at or after the tile there, and raises the horizon's
-progress. A read of such a horizon fetches the ring's positions and adds its tiles up in numpy
-(`feature_store.tile_merge`).
+second script, which splices it into the field holding that position when it ends at or after the
+tile there, and raises the horizon's progress. A read of such a horizon fetches the ring's fields and
+adds its tiles up in numpy (`feature_store.tile_merge`).
 
 Every value is stored as 8 bytes, a little-endian float64: a read turns the replies into a matrix
 with one `np.frombuffer`, where decimal text cost a parse per value, and Redis answers faster too
