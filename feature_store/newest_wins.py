@@ -37,12 +37,13 @@ local ttl, prefix, progress_field = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local n, width, per_field, sketches = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 local parts = math.ceil(n / per_field)
 local full, last = string.rep('\\0', per_field * width), string.rep('\\0', (n - (parts - 1) * per_field) * width)
+local function zeros_of(part) if part == parts - 1 then return last end return full end
 local written, newest = 0, 0
 for k = 2, #KEYS do
   local base = 3 * k + 2
   local position, tile, hashes = tonumber(ARGV[base]), ARGV[base + 1], ARGV[base + 2]
   local part = math.floor(position / per_field)
-  local at, field, zeros = (position % per_field) * width, prefix .. part, part == parts - 1 and last or full
+  local at, field, zeros = (position % per_field) * width, prefix .. part, zeros_of(part)
   local ends = struct.unpack('<d', tile)
   if ends > newest then newest = ends end
   local current = redis.call('HGET', KEYS[k], field)
@@ -57,7 +58,7 @@ for k = 2, #KEYS do
         local args = {}
         for j = from, math.min(from + 999, parts - 1) do
           args[#args + 1] = prefix .. j
-          args[#args + 1] = j == part and value or (j == parts - 1 and last or full)
+          args[#args + 1] = j == part and value or zeros_of(j)
         end
         redis.call('HSET', KEYS[k], unpack(args))
       end

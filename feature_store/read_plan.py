@@ -55,7 +55,6 @@ class ReadPlan:
     layout: RowLayout  # an entity's reply when every field is there
     plain_bytes: np.ndarray  # in that reply, the bytes of the plain horizons' windows, in order
     ring_bytes: list[tuple[int, int, int]]  # and each ring field's offset, length and offset in the rings
-    ring_field_bytes: list[int]  # the length of each field of the rings
 
 
 @functools.lru_cache(maxsize=64)
@@ -67,8 +66,10 @@ def read_plan(names: tuple[str, ...], tiles_s: tuple[tuple[int, int], ...]) -> R
     fields = [values_field(h) for h in plain_horizons]
     plain_width = len(fields)
     rings = [(h, h // tile_of[h]) for h in tiled]
-    ring_field_bytes = [tiles * TILE_BYTES for _, ring in rings for tiles in ring_parts(ring)]
-    fields += [ring_field(h, ring, j) for h, ring in rings for j in range(len(ring_parts(ring)))]
+    ring_fields = [(ring_field(h, ring, j), tiles * TILE_BYTES) for h, ring in rings
+                   for j, tiles in enumerate(ring_parts(ring))]
+    fields += [field for field, _ in ring_fields]
+    ring_field_bytes = [size for _, size in ring_fields]
     plain_cols, plain_unknown, tiled_cols, unknown_cols = [], [], [], []
     for column, (horizon, feature) in enumerate(parsed):
         if horizon not in tile_of:
@@ -86,8 +87,8 @@ def read_plan(names: tuple[str, ...], tiles_s: tuple[tuple[int, int], ...]) -> R
     layout = RowLayout.of([SLOT_BYTES] * plain_width + ring_field_bytes)
     plain_bytes = (np.array(layout.value_at[:plain_width], dtype=np.intp)[:, None]
                    + np.arange(SLOT_BYTES)).reshape(-1)
-    ring_bytes = [(at, size, into) for at, size, into in zip(layout.value_at[plain_width:], ring_field_bytes,
-                                                              np.cumsum([0, *ring_field_bytes]).tolist(), strict=False)]
+    ring_bytes = list(zip(layout.value_at[plain_width:], ring_field_bytes,
+                          np.cumsum([0, *ring_field_bytes])[:-1].tolist(), strict=True))
     plain_out, plain_in, plain_end_in = np.array(plain_cols, dtype=np.intp).reshape(-1, 3).T
     tiled_out, tiled_in, tiled_ring = np.array(tiled_cols, dtype=np.intp).reshape(-1, 3).T
     unknown_out, unknown_ring = np.array(unknown_cols, dtype=np.intp).reshape(-1, 2).T
@@ -100,7 +101,7 @@ def read_plan(names: tuple[str, ...], tiles_s: tuple[tuple[int, int], ...]) -> R
         distinct_rings=sorted({tiled.index(h) for h, feature in parsed if h in tile_of and feature == DISTINCT}),
         ring_floats=[0, *np.cumsum([ring * TILE_FLOATS for _, ring in rings]).tolist()], fields=fields,
         head=b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2), tail=tail, layout=layout, plain_bytes=plain_bytes,
-        ring_bytes=ring_bytes, ring_field_bytes=ring_field_bytes)
+        ring_bytes=ring_bytes)
 
 
 def merged_rings(rings: np.ndarray, plan: ReadPlan, as_of_ms: list[float | None]) -> tuple[np.ndarray, np.ndarray]:

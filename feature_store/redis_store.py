@@ -397,7 +397,7 @@ def _parsed_columns(replies: list[Any], plan: ReadPlan, prefix: str) -> tuple[np
     plain = [_float64s(flat[c::plan.width], PACKED_NAN * SLOT_FLOATS, prefix).reshape(n, -1)
              for c in range(plan.plain_width)]
     tiles = [_float64s(flat[plan.plain_width + c::plan.width], bytes(size), prefix).reshape(n, -1)
-             for c, size in enumerate(plan.ring_field_bytes)]
+             for c, (_, size, _) in enumerate(plan.ring_bytes)]
     return np.concatenate([np.empty((n, 0)), *plain], axis=1), np.concatenate([np.empty((n, 0)), *tiles], axis=1)
 
 
