@@ -51,10 +51,6 @@ def test_horizons_are_independent_and_unknowns_are_marked(store: RedisFeatureSto
     assert len(names_for("user")) == 10
 
 
-def test_ttl_is_set_per_key(store: RedisFeatureStore, settings: Settings) -> None:
-    store.write_batch([record("u3", 9000, 1)])
-    ttl = store.client.ttl(entity_key(settings.redis.key_prefix, "user", "u3"))
-    assert 0 < ttl <= 600
 
 
 def test_bad_feature_name_is_a_clear_error(store: RedisFeatureStore) -> None:
@@ -523,3 +519,30 @@ def test_a_window_listing_the_horizons_it_is_a_tile_of_writes_what_a_record_per_
     assert any(field.startswith(b"60s.sketch.") for fields in expected.values() for field in fields)
     assert any(b"3s.values" in fields for fields in expected.values())
     assert state(stores[1].prefix) == expected == state(stores[2].prefix)
+
+
+@pytest.mark.parametrize("layout", ["windows", "tiles"])
+def test_a_written_key_expires_a_ttl_after_its_last_write_less_at_most_a_tenth(settings: Settings,
+                                                                               layout: str) -> None:
+    """The TTL (600 s here) is set with a key's first write and pushed back by a later write once it
+    has run down by more than a tenth (60 s), or when it is longer than the TTL (a TTL lowered since),
+    or when the key has none; within the tenth a write leaves it as it is."""
+    store = RedisFeatureStore(settings.redis.url, f"{settings.redis.key_prefix}-ttl-{layout}", ttl_s=600,
+                              tiles_s=TILES_S if layout == "tiles" else None)
+    key = entity_key(store.prefix, "user", "u3")
+    end = iter(range(3000, 300_000, 3000))
+
+    def write() -> int:
+        """Writes a newer window or tile of u3 and returns the key's TTL in ms after it."""
+        at = next(end)
+        store.write_batch([tile("u3", 60, at - 3000, 4, 1) if layout == "tiles" else record("u3", at, 1)])
+        return int(store.client.pttl(key))
+
+    assert 599_000 < write() <= 600_000
+    for set_to, pushed_back in ((530_000, True), (545_000, False), (590_000, False), (5_000_000, True), (None, True)):
+        if set_to is None:
+            store.client.persist(key)
+        else:
+            store.client.pexpire(key, set_to)
+        left = write()
+        assert 599_000 < left <= 600_000 if pushed_back else set_to - 1_000 < left <= set_to, (set_to, left)
