@@ -266,6 +266,8 @@ class RedisSettings(ClientCredentials):
 
     url: str = "redis://127.0.0.1:16379/0"
     key_prefix: str = "rtrec"
+    # a key expires between ttl_s less min(ttl_s / 10, 60 s) and ttl_s after its last write
+    # (feature_store/newest_wins.py); 0: never
     ttl_s: int = 86_400
 
     def connection_kwargs(self) -> dict[str, Any]:
