@@ -51,8 +51,6 @@ def test_horizons_are_independent_and_unknowns_are_marked(store: RedisFeatureSto
     assert len(names_for("user")) == 10
 
 
-
-
 def test_bad_feature_name_is_a_clear_error(store: RedisFeatureStore) -> None:
     with pytest.raises(ValueError, match="is not '<horizon>s.<feature>'"):
         store.get_online_features("user", ["u1"], ["clicks"])
@@ -538,11 +536,12 @@ def test_a_written_key_expires_a_ttl_after_its_last_write_less_at_most_a_tenth(s
         store.write_batch([tile("u3", 60, at - 3000, 4, 1) if layout == "tiles" else record("u3", at, 1)])
         return int(store.client.pttl(key))
 
-    assert 599_000 < write() <= 600_000
+    # 10 s for a write on a busy machine: a TTL pushed back is then above 590 s, one left alone at most 590 s
+    assert 590_000 < write() <= 600_000
     for set_to, pushed_back in ((530_000, True), (545_000, False), (590_000, False), (5_000_000, True), (None, True)):
         if set_to is None:
             store.client.persist(key)
         else:
             store.client.pexpire(key, set_to)
         left = write()
-        assert 599_000 < left <= 600_000 if pushed_back else set_to - 1_000 < left <= set_to, (set_to, left)
+        assert 590_000 < left <= 600_000 if pushed_back else set_to - 10_000 < left <= set_to, (set_to, left)
