@@ -7,8 +7,8 @@ import hashlib
 
 # A written key's expiry is set to `ttl` only when it has none, or has run down by a tenth of the TTL (60 s
 # at most), or when it is longer than `ttl` (the TTL was lowered): an EXPIRE on every write cost Redis
-# about 2.4 µs of its 5-6 per key write (one more command, and a PEXPIREAT in the append-only file),
-# where reading the expiry costs about 0.6. So a key expires between `ttl` less that slack and `ttl`
+# about 2 µs of its 6 per key write (one more command, and a PEXPIREAT in the append-only file),
+# where reading the expiry costs 0.4-0.8. So a key expires between `ttl` less that slack and `ttl`
 # after its last write. Reading the expiry before a write needs scripts replicated by their effects
 # (Redis 5's default, its only mode since 7). Prepended to each script; `ttl` is ARGV[1] in both.
 KEEP_ALIVE = """
