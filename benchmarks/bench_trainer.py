@@ -126,13 +126,15 @@ def isolated(settings: Settings, **trainer: object) -> Settings:
 SERVICE_SAMPLES = 49 * 4096
 
 
-def service_throughput(settings: Settings, n: int, repeats: int = 1) -> None:
+def service_throughput(settings: Settings, n: int, repeats: int = 1, per_message: int = 1) -> None:
     """Samples/s of the whole service (consume, decode, validate, train, snapshot) from a backlog:
     the median of `repeats` runs over the same topic, each a new consumer group and snapshot
-    directory (the broker shares this machine's cores: single runs vary by ±15 %)."""
+    directory (the broker shares this machine's cores: single runs vary by ±15 %). `per_message`:
+    samples per message (flink.samples_per_message), blocks of them when above 1."""
     s = isolated(settings, batch_size=4096, snapshot_every_samples=100_000, snapshot_every_s=60.0)
     samples = make_samples(n, seed=9)
-    produce_samples(s, samples)
+    produce_samples(s, samples, per_message)
+    print(f"samples per message: {per_message}", file=sys.stderr)
     rates = []
     for run in range(repeats):
         print(f"service run {run + 1} of {repeats} over {n} samples", file=sys.stderr)
@@ -150,13 +152,18 @@ def service_throughput(settings: Settings, n: int, repeats: int = 1) -> None:
         rates.append(summary.samples_trained / took)
     rate = float(np.median(rates))
     emit("trainer", "service_samples_per_s_mf_b4096", rate, "samples/s", n,
-         runs=[round(r) for r in rates])
+         runs=[round(r) for r in rates], samples_per_message=per_message)
     step_rate = step_throughput(s.trainer, samples, repeats)
-    emit("trainer", "service_to_step_ratio", rate / step_rate, "ratio", summary.samples_trained)
-    # the service takes one Kafka message per sample: consuming alone bounds it, whatever its decoding costs
-    consumed = float(np.median([consume_only(s, n, f"{s.trainer.group_id}-consume-{k}") for k in range(repeats)]))
-    emit("trainer", "consume_only_messages_per_s", consumed, "messages/s", n)
-    emit("trainer", "consume_and_step_ratio_ceiling", consumed / (consumed + step_rate), "ratio", n)
+    emit("trainer", "service_to_step_ratio", rate / step_rate, "ratio", summary.samples_trained,
+         samples_per_message=per_message)
+    # consuming the messages alone bounds the service, whatever its decoding costs
+    messages = -(-n // per_message)
+    consumed = float(np.median([consume_only(s, messages, f"{s.trainer.group_id}-consume-{k}")
+                                for k in range(repeats)]))
+    emit("trainer", "consume_only_messages_per_s", consumed, "messages/s", messages,
+         samples_per_message=per_message)
+    emit("trainer", "consume_and_step_ratio_ceiling", consumed * per_message / (consumed * per_message + step_rate),
+         "ratio", n, samples_per_message=per_message)
 
 
 def step_throughput(trainer: TrainerSettings, samples: list[dict[str, object]], repeats: int) -> float:
@@ -365,10 +372,13 @@ def main() -> None:
                              "service: only the service's samples/s from a backlog; sharding: only the "
                              "replicated tables against sharded ones, 2 and 3 ranks")
     parser.add_argument("--repeats", type=int, default=3, help="service runs whose median is reported")
+    parser.add_argument("--samples-per-message", type=int, default=1,
+                        help="samples per message of the service runs' topic: above 1, TrainingSampleBlocks")
     args = parser.parse_args()
+    per_message = args.samples_per_message
     if args.only == "service":
         with services(load_settings(), own=not args.use_running_services) as settings:
-            service_throughput(settings, SERVICE_SAMPLES, args.repeats)
+            service_throughput(settings, SERVICE_SAMPLES, args.repeats, per_message)
         return
     if args.only == "sharding":
         sharding([2, 3])
@@ -381,7 +391,7 @@ def main() -> None:
     throughput(["mf", "deepfm"], [512, 4096, 16384], args.step_seconds)
     shadow_cost([(), ("plain", "ema"), ("plain", "ema", "ewc", "ema+ewc")], 4096, args.step_seconds)
     with services(load_settings(), own=not args.use_running_services) as settings:
-        service_throughput(settings, SERVICE_SAMPLES, args.repeats)
+        service_throughput(settings, SERVICE_SAMPLES, args.repeats, per_message)
         ranks_throughput(settings, 200_000, [1, 2, 3])
         ranks_throughput(settings, 200_000, [2, 3], exchange="gradients")
         freshness(settings, args.seconds, args.rate)

@@ -6,17 +6,28 @@ decodes and turns undecodable records into `Reject`s, never exceptions.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+import numpy as np
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from core.collector import cyclic_gc_paused
 from core.kafka import consumer_config, poll_messages
-from schemas.bulk import BulkDecoded, BulkDecoder
+from schemas.bulk import BulkDecoded, BulkDecoder, take_ragged
 from schemas.dead_letter import Reject
+from schemas.sample_blocks import BLOCK_SCHEMA, block_columns, samples_in, unpack
 from schemas.serde import (
     Deserializer,
     Record,
@@ -103,8 +114,11 @@ class AvroConsumer:
     def __init__(self, bootstrap: str, group_id: str, topics: list[str] | None, schema_name: str,
                  auto_offset_reset: str = "earliest", isolation_level: str = "read_committed",
                  keep_rejected_values: bool = False, **extra: Any) -> None:
-        """Subscribes to `topics` as consumer group `group_id`; with `topics=None` the caller assigns."""
+        """Subscribes to `topics` as consumer group `group_id`; with `topics=None` the caller assigns.
+        A TrainingSample consumer also takes TrainingSampleBlocks, as the samples each holds."""
         self.decode: Deserializer = deserializer(schema_name)
+        self._blocks = deserializer(BLOCK_SCHEMA) if schema_name == "TrainingSample" else None
+        self._most_per_message = 1  # samples in the largest message polled (blocks): how many a poll asks for
         self.keep_rejected_values = keep_rejected_values
         self._consumer = Consumer(consumer_config(bootstrap, group_id, isolation_level, auto_offset_reset, **extra))
         if topics:
@@ -122,31 +136,87 @@ class AvroConsumer:
             messages = poll_messages(self._consumer, max_records, timeout_s, fill=fill, pause=pause)
             for msg in messages:
                 batch.offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
+                header = header_of(msg.headers())
                 try:
-                    batch.records.append(self.decode(msg.value(), header_of(msg.headers())))
+                    if self._is_block(header):
+                        batch.records += unpack(self._blocks(msg.value(), header))  # type: ignore[misc]
+                    else:
+                        batch.records.append(self.decode(msg.value(), header))
                 except SerdeError as exc:
                     batch.rejected.append(Reject(exc.reason, msg.topic(), msg.partition(), msg.offset(),
                                                  value=msg.value() if self.keep_rejected_values else None))
             del messages  # freed by reference counting while paused, so they set off no collection
         return batch
 
+    def _is_block(self, header: bytes | None) -> bool:
+        return self._blocks is not None and header is not None and header.startswith(b"TrainingSampleBlock:")
+
     def poll_columns(self, decoder: BulkDecoder, widths: Mapping[str, int], max_records: int = 5000,
                      timeout_s: float = 1.0, fill: bool = False) -> ConsumedBatch:
-        """As `poll_batch`, decoded in bulk (schemas.bulk): the records come back as columns."""
+        """As `poll_batch`, decoded in bulk (schemas.bulk): the records come back as columns.
+        `max_records` counts samples where messages are blocks of them: the poll stops at the first
+        block that reaches it (a block is trained, and its offset passed, whole). It takes one message
+        first, then as many as the largest message seen says are still wanted: a batch goes past
+        `max_records` by less than one block unless the blocks grow beyond any seen before."""
         with cyclic_gc_paused() as pause:
-            messages = poll_messages(self._consumer, max_records, timeout_s, fill=fill, pause=pause)
+            deadline = time.monotonic() + timeout_s
+            messages: list[Message] = []
+            values: list[bytes | None] = []
+            headers: list[bytes | None] = []
+            got = 0
+            while got < max_records:
+                want = (1 if self._blocks is not None and not messages else
+                        max(1, math.ceil((max_records - got) / self._most_per_message)))
+                more = poll_messages(self._consumer, want, max(deadline - time.monotonic(), 0.0), fill=fill,
+                                     pause=pause)
+                if not more:
+                    break
+                messages += more
+                new_values = list(map(Message.value, more))
+                new_headers = header_values(list(map(Message.headers, more)), decoder.header_value)
+                values += new_values
+                headers += new_headers
+                if self._blocks is None:
+                    got += len(more)
+                else:
+                    counts = [samples_in(v) if self._is_block(h) else 1
+                              for v, h in zip(new_values, new_headers, strict=True)]
+                    got += sum(counts)
+                    self._most_per_message = max(self._most_per_message, *counts)
+                if not fill and not (self._blocks is not None and len(messages) == 1 and got < max_records):
+                    break
             # the last message of each partition gives its next offset: one dict entry per partition
             last = {(msg.topic(), msg.partition()): msg for msg in messages}
             batch = ConsumedBatch([], [], {key: msg.offset() + 1 for key, msg in last.items()})
-            values = [msg.value() for msg in messages]
-            headers = header_values([msg.headers() for msg in messages], decoder.header_value)
-            batch.columns = decoder.decode(values, headers, widths)
-            for i, reason in batch.columns.rejected:
-                msg = messages[i]
-                batch.rejected.append(Reject(reason, msg.topic(), msg.partition(), msg.offset(),
-                                             value=values[i] if self.keep_rejected_values else None))
+            batch.columns = self._decode_columns(decoder, values, headers, widths, messages, batch.rejected)
             del messages, last  # freed by reference counting while paused, so they set off no collection
         return batch
+
+    def _decode_columns(self, decoder: BulkDecoder, values: list[bytes | None], headers: list[bytes | None],
+                        widths: Mapping[str, int], messages: list[Message], rejected: list[Reject]) -> BulkDecoded:
+        """Plain records in bulk, blocks one by one (each its columns), the samples back in message order."""
+        blocks = [i for i, h in enumerate(headers) if self._is_block(h)] if self._blocks is not None else []
+        plain = np.setdiff1d(np.arange(len(values)), blocks, assume_unique=True) if blocks else None
+        decoded = decoder.decode(values if plain is None else [values[i] for i in plain],
+                                 headers if plain is None else [headers[i] for i in plain], widths)
+        bad = [(i if plain is None else int(plain[i]), reason) for i, reason in decoded.rejected]
+        if blocks:
+            parts, origin = [decoded], [plain[decoded.rows]]  # type: ignore[index]
+            for i in blocks:
+                try:
+                    block = self._blocks(values[i], headers[i])  # type: ignore[misc]
+                    part = _block_decoded(decoder, block_columns(block, widths.get("features"), decoder.keep))
+                except SerdeError as exc:
+                    bad.append((i, exc.reason))
+                    continue
+                parts.append(part)
+                origin.append(np.full(len(part), i, dtype=np.int64))
+            decoded = _concat_decoded(parts, np.argsort(np.concatenate(origin), kind="stable"), sorted(bad))
+        for i, reason in sorted(bad):
+            msg = messages[i]
+            rejected.append(Reject(reason, msg.topic(), msg.partition(), msg.offset(),
+                                   value=values[i] if self.keep_rejected_values else None))
+        return decoded
 
     def commit(self, offsets: Mapping[tuple[str, int], int] | None = None) -> None:
         """Commits `offsets` (next to read, per partition), or the consumer's positions."""
@@ -162,6 +232,29 @@ class AvroConsumer:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def _block_decoded(decoder: BulkDecoder, columns: dict[str, np.ndarray]) -> BulkDecoded:
+    """A block's columns as `decoder` returns a TrainingSample's: its kept fields, the lists' counts."""
+    counts = {"features": columns["feature_len"], **dict.fromkeys(("recent_items", "recent_types", "recent_ages_ms"),
+                                                                  columns["recent_count"])}
+    return BulkDecoded({k: v for k, v in columns.items() if k in decoder.keep},
+                       {k: v for k, v in counts.items() if k in decoder.keep},
+                       np.arange(len(columns["label"]), dtype=np.int64), [])
+
+
+def _concat_decoded(parts: list[BulkDecoded], order: np.ndarray, rejected: list[tuple[int, str]]) -> BulkDecoded:
+    """The rows of `parts` end to end, then in `order`; `rows` counts them (their messages' indices
+    are no longer one to one)."""
+    columns, lengths = {}, {}
+    for k in parts[0].lengths:
+        lengths[k] = np.concatenate([p.lengths[k] for p in parts])
+    for k, first in parts[0].columns.items():
+        both = np.concatenate([p.columns[k] for p in parts])
+        ragged = k in lengths and first.ndim == 1
+        columns[k] = take_ragged(both, lengths[k], order) if ragged else both[order]
+    return BulkDecoded(columns, {k: v[order] for k, v in lengths.items()}, np.arange(len(order), dtype=np.int64),
+                       rejected)
 
 
 def consume_until(consumer: AvroConsumer, n: int, timeout_s: float = 30.0) -> ConsumedBatch:

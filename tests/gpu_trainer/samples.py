@@ -9,6 +9,7 @@ from core.settings import Settings
 from gpu_trainer.batch import hash_ids
 from schemas.feature_set import FEATURE_NAMES, FEATURE_SET
 from schemas.kafka_io import AvroProducer
+from schemas.sample_blocks import BLOCK_SCHEMA, pack
 
 
 def make_samples(n: int, seed: int = 0, start: int = 0, random_labels: bool = False,
@@ -55,11 +56,19 @@ def signal_records(n: int, rng: np.random.Generator, offset: int, signal: str, c
     return records
 
 
-def produce_samples(settings: Settings, samples: list[dict]) -> None:
+def produce_samples(settings: Settings, samples: list[dict], per_message: int = 1) -> None:
+    """One message per sample keyed by user, or (`per_message` > 1) TrainingSampleBlocks of that many,
+    each keyed by its first sample's id, as the feature job writes them."""
     k = settings.kafka
     ensure_topics(k.bootstrap_servers, [k.topics.samples], k.partitions)
-    producer = AvroProducer(producer_config(k.bootstrap_servers), k.topics.samples, "TrainingSample")
-    producer.produce_many(samples, key=lambda s: s["user_id"])
+    if per_message == 1:
+        producer = AvroProducer(producer_config(k.bootstrap_servers), k.topics.samples, "TrainingSample")
+        producer.produce_many(samples, key=lambda s: s["user_id"])
+    else:
+        producer = AvroProducer(producer_config(k.bootstrap_servers), k.topics.samples, BLOCK_SCHEMA)
+        for start in range(0, len(samples), per_message):
+            part = samples[start:start + per_message]
+            producer.produce(pack(part), key=part[0]["sample_id"])
     producer.flush()
 
 

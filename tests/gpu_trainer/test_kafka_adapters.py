@@ -7,12 +7,14 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from core.settings import Settings
 from gpu_trainer.kafka_adapters import KafkaSampleSource, KafkaTrainerOutputs
 from schemas.dead_letter import Reject
 from schemas.kafka_io import read_topic
+from schemas.sample_blocks import BLOCK_SCHEMA, pack
+from schemas.serde import serializer
 from tests.gpu_trainer.samples import make_samples, produce_samples
 
 pytestmark = pytest.mark.integration
@@ -80,3 +82,52 @@ def test_outputs_create_their_topics_and_write_dead_letters_and_announcements(se
         [("trainer", "sample s1: bad", 1, 7, b"\x01")]
     announced = read_topic(k.bootstrap_servers, k.topics.snapshots, "ModelSnapshot").records
     assert [a["version"] for a in announced] == [3]
+
+
+def test_blocks_and_single_samples_come_in_message_order_and_a_broken_block_is_rejected_whole(
+        settings: Settings) -> None:
+    k = settings.kafka.model_copy(update={"partitions": 1})  # one partition: one order to compare with
+    s = settings.model_copy(update={"kafka": k})
+    samples = make_samples(1000, seed=5)
+    produce_samples(s, samples[:300], per_message=100)
+    produce_samples(s, samples[300:450])
+    broken = dict(pack(samples[450:460]), labels=b"\x01")
+    raw = Producer({"bootstrap.servers": k.bootstrap_servers})
+    raw.produce(k.topics.samples, value=serializer(BLOCK_SCHEMA)(broken), headers=serializer(BLOCK_SCHEMA).headers)
+    raw.flush(10)
+    produce_samples(s, samples[460:], per_message=265)  # the last block holds 10
+    expected = [x["sample_id"] for x in samples[:450] + samples[460:]]
+
+    records = read_topic(k.bootstrap_servers, k.topics.samples, "TrainingSample")
+    assert [r["sample_id"] for r in records.records] == expected
+    assert [(r.reason, r.offset) for r in records.rejected] == \
+        [("TrainingSampleBlock: labels holds 1 bytes, 10 items take 10", 3 + 150)]
+
+    t = settings.trainer.model_copy(update={"group_id": f"g-{settings.redis.key_prefix}", "instance_id": None})
+    source = KafkaSampleSource.from_settings(k, t)
+    source.start({})
+    try:
+        got = drain(source, len(expected))
+        assert got.sample_ids == expected
+        assert [(r.offset, r.value is not None) for r in got.rejected] == [(153, True)]
+        assert got.offsets == {(k.topics.samples, 0): 3 + 150 + 1 + 3}
+    finally:
+        source.close()
+
+
+def test_a_poll_of_blocks_stops_at_the_first_block_that_reaches_the_batch(settings: Settings) -> None:
+    k = settings.kafka.model_copy(update={"partitions": 1})
+    produce_samples(settings.model_copy(update={"kafka": k}), make_samples(2000), per_message=150)
+    t = settings.trainer.model_copy(update={"group_id": f"g-{settings.redis.key_prefix}", "instance_id": None})
+    source = KafkaSampleSource.from_settings(k, t)
+    source.start({})
+    try:
+        sizes = []
+        deadline = time.monotonic() + 30
+        while sum(sizes) < 2000 and time.monotonic() < deadline:
+            batch = source.poll(500, 0.5)
+            assert batch.columns is not None
+            sizes.append(len(batch.columns))
+        assert sizes == [600, 600, 600, 200]  # 4 blocks of 150 reach 500; 2000 = 13 blocks and 50
+    finally:
+        source.close()

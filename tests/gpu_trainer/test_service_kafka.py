@@ -155,6 +155,24 @@ def test_restart_resumes_from_the_snapshot_offsets(settings: Settings, tmp_path:
     assert store.manifest(store.latest_version()).sample_digest == digest(samples)
 
 
+def test_blocks_of_samples_train_the_same_model_as_one_message_per_sample(settings: Settings, tmp_path: Path) -> None:
+    samples = make_samples(3000, seed=4)
+    runs = {}
+    for per_message in (1, 100):  # blocks of 100, two to each batch of 200: the same batches in the same order
+        s = trainer_settings(settings.namespaced(f"m{per_message}"), tmp_path / str(per_message))
+        s = s.model_copy(update={"kafka": s.kafka.model_copy(update={"partitions": 1})})
+        produce_samples(s, samples, per_message=per_message)
+        summary = TrainerService.from_settings(s).run(max_samples=3000, idle_exit_s=3.0)
+        store = SnapshotStore(s.trainer.snapshot_dir)
+        last = store.manifest(store.latest_version())
+        runs[per_message] = (summary.samples_trained, last.sample_digest, last.metrics["auc"], last.metrics["logloss"],
+                             store.load(last.version)[1])
+    (n, digest_1, auc_1, loss_1, arrays_1), (m, digest_100, auc_100, loss_100, arrays_100) = runs[1], runs[100]
+    assert n == m == 3000 and digest_1 == digest_100 == digest(samples)
+    assert (auc_1, loss_1) == (auc_100, loss_100) and auc_1 > 0.6
+    assert arrays_1.keys() == arrays_100.keys() and all(np.array_equal(arrays_1[k], arrays_100[k]) for k in arrays_1)
+
+
 def test_metric_gate_keeps_a_worse_snapshot_unpromoted_and_rollback(settings: Settings, tmp_path: Path) -> None:
     s = trainer_settings(settings, tmp_path, promotion_margin=0.02)
     produce_samples(s, make_samples(6000, seed=1))

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from schemas.registry import current_schemas, history
+from schemas.sample_blocks import pack
 from schemas.serde import SerdeError, UnknownSchemaError, deserializer, serializer
 
 EXAMPLES = {
@@ -26,6 +27,7 @@ EXAMPLES = {
     "DeadLetter": {"stage": "replay", "reason": "bad", "source_topic": None, "source_partition": None,
                    "source_offset": None, "key": None, "value": b"\x00\x01", "detected_at": 1_700_000_000_000},
 }
+EXAMPLES["TrainingSampleBlock"] = pack([EXAMPLES["TrainingSample"]] * 2)
 
 
 def test_every_schema_has_an_example() -> None:

@@ -1,0 +1,56 @@
+"""TrainingSampleBlock: what goes in comes out, and a block whose parts do not fit is refused whole."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from schemas.sample_blocks import BLOCK_SCHEMA, block_columns, pack, samples_in, unpack
+from schemas.serde import SerdeError, deserializer, serializer
+from tests.gpu_trainer.samples import make_samples
+
+
+def test_samples_come_back_as_they_went_in_through_avro() -> None:
+    samples = make_samples(300, seed=3)
+    samples[7] = dict(samples[7], user_id="ünïcode-üser", position=12, recent_items=["ï", ""],
+                      recent_types=["order", "click"], recent_ages_ms=[1, 2**40])
+    enc, dec = serializer(BLOCK_SCHEMA), deserializer(BLOCK_SCHEMA)
+    value = enc(pack(samples))
+    assert samples_in(value) == 300
+    back = unpack(dec(value, enc.header_value))
+    floats = [dict(s, features=np.float32(s["features"]).tolist()) for s in samples]  # float32 on the wire
+    assert back == floats
+
+
+def test_columns_cut_or_pad_the_features_to_the_width_asked_and_keep_each_own_count() -> None:
+    block = pack(make_samples(4))
+    assert block_columns(block)["features"].shape == (4, 20)
+    cut, padded = block_columns(block, width=3), block_columns(block, width=22)
+    assert cut["features"].shape == (4, 3) and padded["features"].shape == (4, 22)
+    assert (padded["features"][:, 20:] == 0).all() and (cut["features"] == padded["features"][:, :3]).all()
+    assert cut["feature_len"].tolist() == [20] * 4
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    (lambda b: b.update(count=5), "sample_id_ends holds 16 bytes, 5 items take 20"),
+    (lambda b: b.update(user_ids=b["user_ids"] + b"x"), "user_id_ends does not cut user_ids"),
+    (lambda b: b.update(item_ids=b"\xff" + b["item_ids"][1:]), "item_ids is not UTF-8"),
+    (lambda b: b.update(features=b["features"][:-4]), "features holds"),
+    (lambda b: b.update(recent_counts=np.array([1, 0, 0, -1], "<i4").tobytes()), "negative recent_counts"),
+    (lambda b: b.update(width=-1), "must not be negative"),
+])
+def test_a_block_whose_parts_do_not_fit_is_refused_with_the_reason(change: object, reason: str) -> None:
+    block = pack(make_samples(4))
+    change(block)  # type: ignore[operator]
+    with pytest.raises(SerdeError, match=reason):
+        block_columns(block)
+
+
+def test_packing_refuses_samples_it_cannot_hold_in_one_block() -> None:
+    a, b = make_samples(2)
+    with pytest.raises(ValueError, match="one feature set and width"):
+        pack([a, dict(b, features=[1.0])])
+    with pytest.raises(ValueError, match="one for one"):
+        pack([dict(a, recent_items=["x"], recent_types=[], recent_ages_ms=[])])
+    with pytest.raises(ValueError, match="at least one"):
+        pack([])
