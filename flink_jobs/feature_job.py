@@ -27,6 +27,7 @@ from flink_jobs.feature_sql import dead_letters_sql, decoded_view_sql, well_form
 from flink_jobs.range_options import connector_options
 from schemas.feature_set import AGGREGATES, ENTITY_TYPES, FEATURE_SET, HORIZONS_S
 from schemas.registry import schema
+from schemas.sample_blocks import BLOCK_SCHEMA
 
 
 def decode_limits(f: FlinkSettings) -> list[int | None]:
@@ -114,6 +115,9 @@ def add_operators(settings: Settings, t_env: TableEnvironment, source: str, with
                        schema_json("InteractionEvent"), *decode_limits(f), operator_spec(f, with_samples),
                        schema_json("FeatureRecord"), schema("FeatureRecord").header_value.decode(),
                        schema_json("TrainingSample"), schema("TrainingSample").header_value.decode(),
+                       schema_json(BLOCK_SCHEMA), schema(BLOCK_SCHEMA).header_value.decode(), f.samples_per_message,
+                       # with checkpoints a block waits for the checkpoint's barrier, as the transaction does
+                       0 if f.checkpoint_interval_ms > 0 else f.buffer_timeout_ms,
                        f.window_s, RECENT_HORIZON_S, ",".join(ENTITY_TYPES),
                        "feature_rows", "sample_rows", "dead_letter_rows")
 

@@ -22,7 +22,7 @@ from feature_store.loader import LoaderConfig, run_loader
 from feature_store.redis_store import RedisFeatureStore
 from flink_jobs.runner import start_job
 from schemas.kafka_io import read_topic
-from tests.flink_jobs.harness import T, create_topics, produce
+from tests.flink_jobs.harness import T, as_row, create_topics, produce
 
 ROOT = Path(__file__).parents[2]
 # Each test's last event (its "flush", of entities of its own) lies beyond this: the windows and labels
@@ -35,6 +35,13 @@ def windows(records: list[dict]) -> list[tuple]:
     writes: redis_contents holds those)."""
     return sorted((r["entity_type"], r["entity_id"], r["horizon_s"], r["window_start"], r["impressions"],
                    r["clicks"]) for r in records if r["window_start"] < SETTLED_MS and r["horizon_s"] > 0)
+
+
+def settled_samples(records: list[dict], s: Settings) -> list[tuple]:
+    """The samples whose labels were final before SETTLED_MS (an impression's sample waits out its
+    attribution window and the base window holding its end), as sorted rows."""
+    wait_ms = (s.flink.attribution_window_s + s.flink.window_s) * 1000
+    return sorted(as_row(r) for r in records if r["event_time"] + wait_ms < SETTLED_MS)
 
 
 def redis_contents(s: Settings) -> dict[bytes, dict[bytes, bytes]]:

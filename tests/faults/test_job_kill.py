@@ -1,8 +1,8 @@
 """`rtrec features run` (the embedded mini-cluster and the loader in it) killed with SIGKILL mid-run,
 its whole process group at once, as a lost machine would be; a new run resumes from the newest retained
-checkpoint. Compared with an uninterrupted run of the same events: the same windows, none twice for a
-read_committed reader, and the same Redis contents (the loader read uncommitted windows that the kill
-then aborted)."""
+checkpoint. Compared with an uninterrupted run of the same events: the same windows and the same
+samples (in blocks of up to 8, which a kill must not split or repeat), none twice for a read_committed
+reader, and the same Redis contents (the loader read uncommitted windows that the kill then aborted)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from core.settings import Settings
 from flink_jobs.runner import latest_checkpoint
 from schemas.kafka_io import read_topic
-from tests.faults.runs import redis_contents, reference_run, rtrec_process, windows
+from tests.faults.runs import redis_contents, reference_run, rtrec_process, settled_samples, windows
 from tests.faults.test_trainer_faults import wait_until
 from tests.flink_jobs.harness import create_topics, event, job_settings, produce, wait_for
 
@@ -31,18 +31,21 @@ PHASE2 += [event("flush", "impression", "flush-user", "flush-item", 120_000)]
 
 def test_kill_9_of_the_whole_job_process_resumes_from_its_checkpoint_with_nothing_lost_or_doubled(
         settings: Settings, tmp_path: Path) -> None:
-    reference = reference_run(job_settings(settings.namespaced("ref-" + uuid.uuid4().hex[:6]),
-                                           checkpoint_dir=tmp_path / "ref"), PHASE1 + PHASE2,
+    ref = job_settings(settings.namespaced("ref-" + uuid.uuid4().hex[:6]), checkpoint_dir=tmp_path / "ref",
+                       samples_per_message=8)
+    reference = reference_run(ref, PHASE1 + PHASE2,
                               with_samples=True)  # as `features run`: the users' recent lists in Redis too
     expected, expected_redis = reference.windows, reference.redis
+    expected_samples = settled_samples(read_topic(ref.kafka.bootstrap_servers, ref.kafka.topics.samples,
+                                                  "TrainingSample").records, ref)
 
     run = settings.namespaced("kill-" + uuid.uuid4().hex[:6])
     s = job_settings(run, checkpoint_dir=tmp_path / "checkpoints", log_dir=tmp_path / "flink-logs",
-                     checkpoint_interval_ms=3000)
+                     checkpoint_interval_ms=3000, samples_per_message=8)
     # the killed run checkpoints every 10 s: the kill must land while phase 2's windows are sent but not
     # committed, and with 3 s a checkpoint sometimes committed them while the test was reading the topic
     killed = job_settings(run, checkpoint_dir=tmp_path / "checkpoints", log_dir=tmp_path / "flink-logs",
-                          checkpoint_interval_ms=10_000)
+                          checkpoint_interval_ms=10_000, samples_per_message=8)
     create_topics(s)
     produce(s, PHASE1)
     log = tmp_path / "features-run.log"
@@ -63,6 +66,8 @@ def test_kill_9_of_the_whole_job_process_resumes_from_its_checkpoint_with_nothin
     try:
         got = wait_for(s, s.kafka.topics.features, "FeatureRecord", timeout_s=180,
                        done=lambda batch: len(windows(batch.records)) >= len(expected))
+        samples = wait_for(s, s.kafka.topics.samples, "TrainingSample", timeout_s=60,
+                           done=lambda batch: len(settled_samples(batch.records, s)) >= len(expected_samples))
         # (the loader's committed offsets stay one short of the end: a transaction's commit marker)
         wait_until(lambda: redis_contents(s) == expected_redis, 60, "Redis reaching the uninterrupted run's state", log)
         job.send_signal(signal.SIGTERM)
@@ -78,3 +83,6 @@ def test_kill_9_of_the_whole_job_process_resumes_from_its_checkpoint_with_nothin
                              isolation_level="read_uncommitted").records) - len(got.records)
     assert aborted > 0, "nothing was aborted by the kill: the Redis comparison below would prove little"
     assert redis_contents(s) == expected_redis and len(expected_redis) > 20
+    ids = [r["sample_id"] for r in samples.records]
+    assert len(ids) == len(set(ids)), "a sample was sent twice"
+    assert settled_samples(samples.records, s) == expected_samples and len(expected_samples) > 300

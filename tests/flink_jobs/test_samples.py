@@ -4,23 +4,30 @@ from __future__ import annotations
 
 import random
 import time
+import uuid
 
 import numpy as np
 import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from core.kafka import consumer_config
 from core.settings import Settings
 from feature_store.loader import LoaderConfig, run_loader
 from feature_store.redis_store import RedisFeatureStore
 from flink_jobs.monitor import FlinkRest, mini_cluster_rest_url
 from schemas.feature_set import FEATURE_NAMES, HORIZONS_S
 from schemas.kafka_io import read_topic
+from schemas.serde import header_of
 from tests.flink_jobs.harness import T, create_topics, event, job_settings, produce, running_job, wait_for
 
 pytestmark = pytest.mark.integration
 
 
-def test_labels_and_point_in_time_features(settings: Settings) -> None:
-    s = job_settings(settings, horizons_s=None, attribution_window_s=5, history_length=3, history_lookback_s=10)
+# 4: the samples in TrainingSampleBlocks of up to four, read back as the samples they hold
+@pytest.mark.parametrize("per_message", [1, 4])
+def test_labels_and_point_in_time_features(settings: Settings, per_message: int) -> None:
+    s = job_settings(settings, horizons_s=None, attribution_window_s=5, history_length=3, history_lookback_s=10,
+                     samples_per_message=per_message)
     create_topics(s)
     events = [
         event("a1", "impression", "u1", "i1", 100), event("a2", "click", "u1", "i1", 200),
@@ -80,10 +87,12 @@ def hopping_window_features(events: list[dict], t: int, entity: str, key: str, h
             "ctr": clicks / imps if imps else 0.0, "dwell_mean_ms": sum(dwells) / len(dwells) if dwells else 0.0}
 
 
-def test_sample_features_equal_hopping_windows_over_a_random_stream(settings: Settings) -> None:
+@pytest.mark.parametrize("per_message", [1, 64])
+def test_sample_features_equal_hopping_windows_over_a_random_stream(settings: Settings, per_message: int) -> None:
     """Every sample's 20 features, computed by the job from tiles, against hopping windows computed here
-    from the same events: 900 events of 4 users and 5 items over 12 minutes, in time order."""
-    s = job_settings(settings, horizons_s=None, attribution_window_s=5)
+    from the same events: 900 events of 4 users and 5 items over 12 minutes, in time order. In blocks
+    of up to 64 samples too (cut by size and by checkpoints), each sample once all the same."""
+    s = job_settings(settings, horizons_s=None, attribution_window_s=5, samples_per_message=per_message)
     create_topics(s)
     rng = random.Random(7)
     times = sorted(rng.randrange(0, 720_000) for _ in range(900))
@@ -111,6 +120,30 @@ def test_sample_features_equal_hopping_windows_over_a_random_stream(settings: Se
                         mismatched.append((sid, name, features[name], value))
     assert not mismatched, mismatched[:10]
     assert len(impressions) > 400 and len(got.records) == len(samples)  # each sample once
+    kinds = [h.split(b":")[0] for h in schema_headers(s, s.kafka.topics.samples)]
+    if per_message == 1:
+        assert kinds == [b"TrainingSample"] * len(samples)
+    else:  # blocks cut by size or by the checkpoints of the run
+        assert set(kinds) == {b"TrainingSampleBlock"} and len(samples) / 64 <= len(kinds) < len(samples) / 4
+
+
+def schema_headers(s: Settings, topic: str) -> list[bytes]:
+    """The schema header of every committed message of `topic`."""
+    consumer = Consumer(consumer_config(s.kafka.bootstrap_servers, f"headers-{uuid.uuid4().hex}", "read_committed",
+                                        "earliest"))
+    try:
+        listed = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in listed}
+        parts = [p for p, end in ends.items() if end > 0]
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        out: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(
+                tp.offset < ends[tp.partition] for tp in consumer.position([TopicPartition(topic, p) for p in parts])):
+            out += [header_of(m.headers()) or b"" for m in consumer.consume(1000, timeout=0.5) if m.error() is None]
+        return out
+    finally:
+        consumer.close()
 
 
 def test_an_engagement_behind_the_watermark_in_an_open_window_reaches_windows_and_lists(settings: Settings) -> None:

@@ -65,6 +65,14 @@ final class AvroWriter {
     size += utf8.length;
   }
 
+  /** Avro bytes: the length, then the first {@code length} bytes of {@code value}. */
+  void writeBytes(byte[] value, int length) {
+    writeLong(length);
+    ensure(length);
+    System.arraycopy(value, 0, buf, size, length);
+    size += length;
+  }
+
   /** The branch of a union: 0 for null in a ["null", T] union, 1 for T. */
   void writeIndex(int branch) {
     writeLong(branch);

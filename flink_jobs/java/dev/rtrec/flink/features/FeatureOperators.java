@@ -54,18 +54,21 @@ public final class FeatureOperators {
    * reader schema, limits: flink_jobs/feature_job.decode_args), and registers the views
    * {@code recordsView} (FeatureRecords) and {@code samplesView} (TrainingSamples, when the spec
    * writes samples), both as {@link Records#ROW_TYPE}, and {@code deadLettersView}
-   * ({@link #DEAD_LETTER_TYPE}). The schemas come as their JSON with their header values.
+   * ({@link #DEAD_LETTER_TYPE}). The schemas come as their JSON with their header values. Samples go
+   * {@code samplesPerMessage} to a message ({@link SampleBlocks}), a block at least every
+   * {@code samplesFlushMs} when that is above 0 (else at each checkpoint).
    */
   public static void register(StreamTableEnvironment tEnv, String source, String topic, String writerSchemas,
       String readerSchema, Long maxPastMs, Long maxFutureMs, Long minTimeMs, Long maxValueBytes, Long maxIdLength,
       String spec,
-      String recordSchema, String recordHeader, String sampleSchema, String sampleHeader, int pairHorizonS,
+      String recordSchema, String recordHeader, String sampleSchema, String sampleHeader, String blockSchema,
+      String blockHeader, int samplesPerMessage, long samplesFlushMs, int pairHorizonS,
       int listHorizonS, String featureEntities, String recordsView, String samplesView, String deadLettersView) {
     FeatureSpec s = FeatureSpec.parse(spec);
-    Records records = new Records(recordSchema, recordHeader, sampleSchema, sampleHeader);
+    Records records = new Records(recordSchema, recordHeader, sampleSchema, sampleHeader, blockSchema, blockHeader);
     InternalTypeInfo<RowData> recordInfo = InternalTypeInfo.of(rowType(Records.ROW_TYPE));
     OutputTag<RowData> itemRecords = new OutputTag<>("item-records", recordInfo);
-    OutputTag<RowData> samples = new OutputTag<>("samples", recordInfo);
+    OutputTag<SampleRow> samples = new OutputTag<>("samples", TypeInformation.of(SampleRow.class));
     InternalTypeInfo<RowData> deadInfo = InternalTypeInfo.of(rowType(DEAD_LETTER_TYPE));
     OutputTag<RowData> deadLetters = new OutputTag<>("dead-letters", deadInfo);
     Long[] limits = {maxPastMs, maxFutureMs, minTimeMs, maxValueBytes, maxIdLength};
@@ -85,7 +88,8 @@ public final class FeatureOperators {
         .uid("rtrec-feature-users-" + s.geometryHash()).name("users");
     tEnv.createTemporaryView(recordsView, tEnv.fromDataStream(byUser.union(byItem.getSideOutput(itemRecords))));
     if (s.samples) {
-      tEnv.createTemporaryView(samplesView, tEnv.fromDataStream(byUser.getSideOutput(samples)));
+      tEnv.createTemporaryView(samplesView, tEnv.fromDataStream(byUser.getSideOutput(samples)
+          .transform("samples", recordInfo, new SampleBlocks(records, samplesPerMessage, samplesFlushMs))));
     }
   }
 }

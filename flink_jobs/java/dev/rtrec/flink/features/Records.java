@@ -36,6 +36,12 @@ final class Records implements Serializable {
     "ctr:double", "dwell_sum_ms:long", "dwell_mean_ms:double", "distinct_counterparts:long",
     "recent_items:null|array<string>", "recent_types:null|array<string>", "recent_times_ms:null|array<long>",
     "dwell_count:long", "counterpart_hashes:null|array<long>", "tile_of_horizons_s:null|array<int>"};
+  /** TrainingSampleBlock's fields, as this class writes them. */
+  static final String[] BLOCK_FIELDS = {
+    "count:int", "feature_set:string", "width:int", "sample_ids:bytes", "sample_id_ends:bytes", "user_ids:bytes",
+    "user_id_ends:bytes", "item_ids:bytes", "item_id_ends:bytes", "event_times:bytes", "labels:bytes",
+    "features:bytes", "positions:bytes", "recent_counts:bytes", "recent_items:bytes", "recent_item_ends:bytes",
+    "recent_types:bytes", "recent_type_ends:bytes", "recent_ages_ms:bytes"};
   /** TrainingSample's fields, as this class writes them. */
   static final String[] SAMPLE_FIELDS = {
     "sample_id:string", "user_id:string", "item_id:string", "event_time:timestamp-millis", "label:int",
@@ -44,16 +50,22 @@ final class Records implements Serializable {
 
   private final byte[] recordHeader;
   private final byte[] sampleHeader;
+  private final byte[] blockHeader;
   private transient AvroWriter writer;
   private transient MapData recordHeaders;
   private transient MapData sampleHeaders;
+  private transient MapData blockHeaders;
+  private transient SampleColumns columns;
 
   /** The schemas' JSON and their header values (`rtrec-schema`); refuses schemas this class does not write. */
-  Records(String recordSchema, String recordHeader, String sampleSchema, String sampleHeader) {
+  Records(String recordSchema, String recordHeader, String sampleSchema, String sampleHeader, String blockSchema,
+      String blockHeader) {
     check("FeatureRecord", recordSchema, RECORD_FIELDS);
     check("TrainingSample", sampleSchema, SAMPLE_FIELDS);
+    check("TrainingSampleBlock", blockSchema, BLOCK_FIELDS);
     this.recordHeader = recordHeader.getBytes(StandardCharsets.UTF_8);
     this.sampleHeader = sampleHeader.getBytes(StandardCharsets.UTF_8);
+    this.blockHeader = blockHeader.getBytes(StandardCharsets.UTF_8);
   }
 
   static void check(String name, String json, String[] written) {
@@ -89,6 +101,8 @@ final class Records implements Serializable {
       writer = new AvroWriter();
       recordHeaders = headers(recordHeader);
       sampleHeaders = headers(sampleHeader);
+      blockHeaders = headers(blockHeader);
+      columns = new SampleColumns();
     }
     writer.reset();
     return writer;
@@ -183,25 +197,38 @@ final class Records implements Serializable {
     return record(userId, w);
   }
 
-  RowData sample(String sampleId, String userId, String itemId, long timeMs, int label, float[] features,
-      String featureSet, int position, History.Cut recent) {
+  RowData sample(SampleRow s) {
     AvroWriter w = writer();
-    w.writeString(sampleId);
-    w.writeString(userId);
-    w.writeString(itemId);
-    w.writeLong(timeMs);
-    w.writeInt(label);
-    w.writeFloats(features);
-    w.writeString(featureSet);
-    if (position < 0) {
+    w.writeString(s.sampleId);
+    w.writeString(s.userId);
+    w.writeString(s.itemId);
+    w.writeLong(s.timeMs);
+    w.writeInt(s.label);
+    w.writeFloats(s.features);
+    w.writeString(s.featureSet);
+    if (s.position < 0) {
       w.writeIndex(0);
     } else {
       w.writeIndex(1);
-      w.writeInt(position);
+      w.writeInt(s.position);
     }
-    w.writeStrings(recent.items);
-    w.writeStrings(recent.typeNames());
-    w.writeLongs(recent.times);
-    return GenericRowData.of(userId.getBytes(StandardCharsets.UTF_8), w.toBytes(), sampleHeaders);
+    w.writeStrings(s.recentItems);
+    w.writeStrings(s.recentTypes);
+    w.writeLongs(s.recentAgesMs);
+    return GenericRowData.of(s.userId.getBytes(StandardCharsets.UTF_8), w.toBytes(), sampleHeaders);
+  }
+
+  /** Samples of one feature set and width as one TrainingSampleBlock, keyed by the first one's id. */
+  RowData sampleBlock(List<SampleRow> samples) {
+    AvroWriter w = writer();
+    SampleColumns c = columns.fill(samples);
+    SampleRow first = samples.get(0);
+    w.writeInt(samples.size());
+    w.writeString(first.featureSet);
+    w.writeInt(first.features.length);
+    for (SampleColumns.Column column : c.inOrder()) {
+      w.writeBytes(column.bytes(), column.size());
+    }
+    return GenericRowData.of(first.sampleId.getBytes(StandardCharsets.UTF_8), w.toBytes(), blockHeaders);
   }
 }

@@ -29,7 +29,7 @@ public final class UserStage extends KeyedProcessFunction<String, StagedEvent, R
 
   private final FeatureSpec spec;
   private final Records records;
-  private final OutputTag<RowData> samples;
+  private final OutputTag<SampleRow> samples;
   private final int pairHorizonS;
   private final int listHorizonS;
   private final int[] userFeaturesAt;
@@ -42,7 +42,7 @@ public final class UserStage extends KeyedProcessFunction<String, StagedEvent, R
    * {@code entities}: the entity types of the samples' feature vector in its order (each a block of
    * five aggregates per sample horizon).
    */
-  UserStage(FeatureSpec spec, Records records, OutputTag<RowData> samples, int pairHorizonS, int listHorizonS,
+  UserStage(FeatureSpec spec, Records records, OutputTag<SampleRow> samples, int pairHorizonS, int listHorizonS,
       String[] entities) {
     this.spec = spec;
     this.records = records;
@@ -205,7 +205,7 @@ public final class UserStage extends KeyedProcessFunction<String, StagedEvent, R
     return new ArrayList<>(byEvent.values());
   }
 
-  private RowData sample(UserState s, String user, UserState.Pending p, long now) {
+  private SampleRow sample(UserState s, String user, UserState.Pending p, long now) {
     float[] vector = new float[features];
     s.tiles.sampleFeatures(spec, p.timeMs, vector, userFeaturesAt[0]);
     System.arraycopy(p.itemFeatures, 0, vector, itemFeaturesAt[0], p.itemFeatures.length);
@@ -213,6 +213,6 @@ public final class UserStage extends KeyedProcessFunction<String, StagedEvent, R
         || (p.firstMs != p.timeMs && s.engaged(p.itemId, p.firstMs, p.firstMs + spec.attributionMs));
     History.Cut recent = lists()
         ? s.history.before(p.timeMs, spec.historyLength, spec.lookbackMs, now, spec.stateTtlMs) : History.Cut.EMPTY;
-    return records.sample(p.eventId, user, p.itemId, p.timeMs, label ? 1 : 0, vector, spec.featureSet, p.position, recent);
+    return new SampleRow(p.eventId, user, p.itemId, p.timeMs, label ? 1 : 0, vector, spec.featureSet, p.position, recent);
   }
 }
