@@ -85,7 +85,7 @@ def _strings(block: Mapping[str, Any], values: str, ends_field: str, count: int,
     """The strings of a column as an object array (empty when not `kept`: only checked); a column that
     does not fit its ends, or is not UTF-8 string by string, is refused."""
     raw, ends = block[values], _numbers(block, ends_field, "<i4", count).astype(np.int64)
-    starts = np.concatenate([[0], ends[:-1]])
+    starts = np.concatenate([[0], ends[:-1]])[:count]
     if count and ((ends < starts).any() or starts[0] < 0 or ends[-1] != len(raw)):
         raise SerdeError(f"TrainingSampleBlock: {ends_field} does not cut {values} ({len(raw)} bytes) "
                          f"into {count} strings")

@@ -22,6 +22,12 @@ def test_samples_come_back_as_they_went_in_through_avro() -> None:
     assert back == floats
 
 
+def test_a_block_without_recent_items_or_with_a_single_sample() -> None:
+    bare = [dict(r, recent_items=[], recent_types=[], recent_ages_ms=[]) for r in make_samples(3)]
+    assert unpack(pack(bare)) == [dict(s, features=np.float32(s["features"]).tolist()) for s in bare]
+    assert [r["sample_id"] for r in unpack(pack(bare[:1]))] == ["s0"]
+
+
 def test_columns_cut_or_pad_the_features_to_the_width_asked_and_keep_each_own_count() -> None:
     block = pack(make_samples(4))
     assert block_columns(block)["features"].shape == (4, 20)
@@ -54,3 +60,34 @@ def test_packing_refuses_samples_it_cannot_hold_in_one_block() -> None:
         pack([dict(a, recent_items=["x"], recent_types=[], recent_ages_ms=[])])
     with pytest.raises(ValueError, match="at least one"):
         pack([])
+
+
+def test_any_damage_to_a_block_is_refused_as_undecodable_never_raised_otherwise() -> None:
+    """Random damage to the bytes of a block's Avro value and to its decoded fields: every result is
+    samples or a SerdeError (what the readers turn into a dead letter), never another exception."""
+    rng = np.random.default_rng(11)
+    enc, dec = serializer(BLOCK_SCHEMA), deserializer(BLOCK_SCHEMA)
+    samples = make_samples(6, seed=2)
+    samples[1] = dict(samples[1], recent_items=[], recent_types=[], recent_ages_ms=[])
+    good = pack(samples)
+    value = bytearray(enc(good))
+    outcomes = {"samples": 0, "refused": 0}
+    for _ in range(400):
+        damaged = bytearray(value)
+        for at in rng.integers(0, len(damaged), rng.integers(1, 4)):
+            damaged[at] = int(rng.integers(0, 256))
+        try:
+            unpack(dec(bytes(damaged), enc.header_value))
+            outcomes["samples"] += 1
+        except SerdeError:
+            outcomes["refused"] += 1
+    for field in good:
+        for replacement in (0, -1, 2**31 - 1, b"", b"\xff" * 7, b"\x00" * 4096):
+            if isinstance(good[field], int) != isinstance(replacement, int):
+                continue
+            try:
+                unpack(dict(good, **{field: replacement}))
+                outcomes["samples"] += 1
+            except SerdeError:
+                outcomes["refused"] += 1
+    assert outcomes["refused"] > 100 and outcomes["samples"] > 10
