@@ -377,7 +377,7 @@ class FlinkSettings(Section):
     # Samples per message of the samples topic: 1 writes a TrainingSample per message; more, blocks of up
     # to that many (TrainingSampleBlock, column by column), written whole at each checkpoint, so the trainer
     # takes a column at once instead of decoding a message per sample. Readers of the topic take both.
-    samples_per_message: int = Field(default=1, ge=1, le=65_536)
+    samples_per_message: int = Field(default=1024, ge=1, le=65_536)
     # Each sample carries its user's newest engagements (clicks, likes, carts, orders) from before the
     # impression: at most history_length of them, none older than history_lookback_s. 0: none. The
     # online store gets the same lists per user (twice history_length kept; cut the same way on reads).
