@@ -508,6 +508,11 @@ class TrainerSettings(Section):
     metrics_port: int = 0  # 0: no Prometheus endpoint
     device: str = "auto"  # "auto", "cpu", "cuda" (under torchrun: the rank's own GPU) or "cuda:N"
     amp: str = "auto"  # "auto" (bf16 on CUDA), "bf16", "fp16", "off"
+    # PyTorch's threads within an operation. None: the process's share of the cores (the ranks of
+    # torchrun on this machine share them) less one, for the Kafka client's and the snapshot writer's
+    # threads: on 2 cores with the broker beside it, torch's own 2 made both the step and the service
+    # slower (README, "The trainer").
+    torch_threads: int | None = Field(default=None, ge=1)
     seed: int = 0
 
     @model_validator(mode="after")

@@ -1,4 +1,5 @@
-"""Pick the device once (CUDA when present, else CPU) and the autocast dtype that goes with it."""
+"""Pick the device once (CUDA when present, else CPU), the autocast dtype that goes with it, and
+PyTorch's thread count."""
 
 from __future__ import annotations
 
@@ -36,3 +37,18 @@ def amp_dtype(device: torch.device, choice: str = "auto") -> torch.dtype | None:
     if choice in ("bf16", "auto"):
         return torch.bfloat16
     raise ValueError(f"trainer.amp must be auto, bf16, fp16 or off, not {choice!r}")
+
+
+def set_torch_threads(choice: int | None = None) -> int:
+    """`trainer.torch_threads`, or by default this process's share of the cores (torchrun's
+    LOCAL_WORLD_SIZE ranks share the machine) less one; at least 1. Returns the count set.
+
+    >>> set_torch_threads(1), torch.get_num_threads()
+    (1, 1)
+    """
+    if choice is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        choice = max(1, cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))) - 1)
+    if torch.get_num_threads() != choice:
+        torch.set_num_threads(choice)
+    return choice

@@ -19,7 +19,7 @@ from torch import nn
 from core.settings import TrainerSettings
 from gpu_trainer.batch import HISTORY_AGE_BUCKETS, HISTORY_TYPE_BUCKETS, Batch
 from gpu_trainer.collisions import CollisionCounter
-from gpu_trainer.device import amp_dtype, pick_device
+from gpu_trainer.device import amp_dtype, pick_device, set_torch_threads
 from gpu_trainer.exchange import Alone, StepExchange
 from gpu_trainer.models import build_model, sparse_tables
 from gpu_trainer.prequential import Prequential, ScoreLog
@@ -68,6 +68,7 @@ class Learner:
         self.exchange: StepExchange = exchange or Alone()
         self.device = device or pick_device(cfg.device)
         self.amp = amp_dtype(self.device, cfg.amp)
+        set_torch_threads(cfg.torch_threads)
         self.model_name = cfg.model
         self.config = model_config(cfg, n_dense)
         self.model: nn.Module = build_model(cfg.model, self.config).to(self.device)
