@@ -1,7 +1,8 @@
 """Trainer figures: samples/s per model and batch size (this machine's device), and end-to-end
 freshness, event time -> first promoted snapshot containing the sample, through a real broker.
 
-Run: `.venv/bin/python -m benchmarks.bench_trainer [--seconds 15] [--rate 20000] [--only service|ranks|sharding]`.
+Run: `.venv/bin/python -m benchmarks.bench_trainer [--seconds 15] [--rate 20000] [--only service|ranks|sharding]
+[--samples N] [--samples-per-message N]`.
 Writes `benchmarks/out/trainer_freshness.png`.
 """
 
@@ -122,8 +123,10 @@ def isolated(settings: Settings, **trainer: object) -> Settings:
     return tracked(s.model_copy(update={"trainer": trainer_settings}), run_id, snapshots)
 
 
-# whole batches of 4,096: a last partial batch would wait out the batch timeout, which a live stream never does
-SERVICE_SAMPLES = 49 * 4096
+# whole batches of 4,096: a last partial batch would wait out the batch timeout, which a live stream never does.
+# 245 of them: runs of 49 lasted about 2 s, of which the service's start (the group join, the first
+# snapshot's copy into fresh memory) and its final snapshot took a third and more
+SERVICE_SAMPLES = 245 * 4096
 
 
 def service_throughput(settings: Settings, n: int, repeats: int = 1, per_message: int = 1) -> None:
@@ -372,13 +375,16 @@ def main() -> None:
                              "service: only the service's samples/s from a backlog; sharding: only the "
                              "replicated tables against sharded ones, 2 and 3 ranks")
     parser.add_argument("--repeats", type=int, default=3, help="service runs whose median is reported")
-    parser.add_argument("--samples-per-message", type=int, default=1,
-                        help="samples per message of the service runs' topic: above 1, TrainingSampleBlocks")
+    parser.add_argument("--samples", type=int, default=SERVICE_SAMPLES,
+                        help="the service runs' backlog (whole batches of 4,096 are best: see SERVICE_SAMPLES)")
+    parser.add_argument("--samples-per-message", type=int, default=None,
+                        help="samples per message of the service runs' topic, above 1 as TrainingSampleBlocks "
+                             "(default: flink.samples_per_message, as the feature job writes them)")
     args = parser.parse_args()
-    per_message = args.samples_per_message
+    per_message = args.samples_per_message or load_settings().flink.samples_per_message
     if args.only == "service":
         with services(load_settings(), own=not args.use_running_services) as settings:
-            service_throughput(settings, SERVICE_SAMPLES, args.repeats, per_message)
+            service_throughput(settings, args.samples, args.repeats, per_message)
         return
     if args.only == "sharding":
         sharding([2, 3])
@@ -391,7 +397,7 @@ def main() -> None:
     throughput(["mf", "deepfm"], [512, 4096, 16384], args.step_seconds)
     shadow_cost([(), ("plain", "ema"), ("plain", "ema", "ewc", "ema+ewc")], 4096, args.step_seconds)
     with services(load_settings(), own=not args.use_running_services) as settings:
-        service_throughput(settings, SERVICE_SAMPLES, args.repeats, per_message)
+        service_throughput(settings, args.samples, args.repeats, per_message)
         ranks_throughput(settings, 200_000, [1, 2, 3])
         ranks_throughput(settings, 200_000, [2, 3], exchange="gradients")
         freshness(settings, args.seconds, args.rate)
