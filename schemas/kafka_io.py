@@ -197,11 +197,14 @@ class AvroConsumer:
         """Plain records in bulk, blocks one by one (each its columns), the samples back in message order."""
         blocks = [i for i, h in enumerate(headers) if self._is_block(h)] if self._blocks is not None else []
         plain = np.setdiff1d(np.arange(len(values)), blocks, assume_unique=True) if blocks else None
-        decoded = decoder.decode(values if plain is None else [values[i] for i in plain],
-                                 headers if plain is None else [headers[i] for i in plain], widths)
-        bad = [(i if plain is None else int(plain[i]), reason) for i, reason in decoded.rejected]
+        if plain is not None and not len(plain):  # blocks only: no bulk pass over nothing
+            decoded, bad, parts, origin = None, [], [], []
+        else:
+            decoded = decoder.decode(values if plain is None else [values[i] for i in plain],
+                                     headers if plain is None else [headers[i] for i in plain], widths)
+            bad = [(i if plain is None else int(plain[i]), reason) for i, reason in decoded.rejected]
+            parts, origin = [decoded], [] if plain is None else [plain[decoded.rows]]
         if blocks:
-            parts, origin = [decoded], [plain[decoded.rows]]  # type: ignore[index]
             for i in blocks:
                 try:
                     block = self._blocks(values[i], headers[i])  # type: ignore[misc]
@@ -211,7 +214,10 @@ class AvroConsumer:
                     continue
                 parts.append(part)
                 origin.append(np.full(len(part), i, dtype=np.int64))
+            if not parts:  # every block refused: the columns of no samples
+                parts, origin = [decoder.decode([], [], widths)], [np.zeros(0, dtype=np.int64)]
             decoded = _concat_decoded(parts, np.argsort(np.concatenate(origin), kind="stable"), sorted(bad))
+        assert decoded is not None
         for i, reason in sorted(bad):
             msg = messages[i]
             rejected.append(Reject(reason, msg.topic(), msg.partition(), msg.offset(),

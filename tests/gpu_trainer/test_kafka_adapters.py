@@ -131,3 +131,30 @@ def test_a_poll_of_blocks_stops_at_the_first_block_that_reaches_the_batch(settin
         assert sizes == [600, 600, 600, 200]  # 4 blocks of 150 reach 500; 2000 = 13 blocks and 50
     finally:
         source.close()
+
+
+def test_a_poll_of_refused_blocks_alone_gives_no_samples_and_their_dead_letters(settings: Settings) -> None:
+    k = settings.kafka.model_copy(update={"partitions": 1})
+    produce_samples(settings.model_copy(update={"kafka": k}), [])  # creates the topic
+    block = serializer(BLOCK_SCHEMA)
+    raw = Producer({"bootstrap.servers": k.bootstrap_servers})
+    for cut in (1, 2):
+        raw.produce(k.topics.samples, value=block(dict(pack(make_samples(3)), labels=b"\x00" * cut)),
+                    headers=block.headers)
+    raw.flush(10)
+    t = settings.trainer.model_copy(update={"group_id": f"g-{settings.redis.key_prefix}", "instance_id": None})
+    source = KafkaSampleSource.from_settings(k, t)
+    source.start({})
+    try:
+        deadline = time.monotonic() + 30
+        rejected: list[Reject] = []
+        while len(rejected) < 2 and time.monotonic() < deadline:
+            batch = source.poll(500, 0.5)
+            assert batch.columns is not None and len(batch.columns) == 0
+            assert batch.columns.columns["features"].shape == (0, 20)
+            rejected += batch.rejected
+        assert [(r.offset, r.reason) for r in rejected] == [
+            (0, "TrainingSampleBlock: labels holds 1 bytes, 3 items take 3"),
+            (1, "TrainingSampleBlock: labels holds 2 bytes, 3 items take 3")]
+    finally:
+        source.close()
