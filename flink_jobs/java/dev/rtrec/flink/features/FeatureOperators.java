@@ -52,8 +52,8 @@ public final class FeatureOperators {
    * Reads the table {@code source} (the events topic {@code topic}: value, headers, partition, offset,
    * the rowtime's watermark) once, decodes each record with the decode UDF's arguments (writer schemas,
    * reader schema, limits: flink_jobs/feature_job.decode_args), and registers the views
-   * {@code recordsView} (FeatureRecords) and {@code samplesView} (TrainingSamples, when the spec
-   * writes samples), both as {@link Records#ROW_TYPE}, and {@code deadLettersView}
+   * {@code recordsView} (FeatureRecords) and {@code samplesView} (TrainingSamples or TrainingSampleBlocks,
+   * when the spec writes samples), both as {@link Records#ROW_TYPE}, and {@code deadLettersView}
    * ({@link #DEAD_LETTER_TYPE}). The schemas come as their JSON with their header values. Samples go
    * {@code samplesPerMessage} to a message ({@link SampleBlocks}), a block at least every
    * {@code samplesFlushMs} when that is above 0 (else at each checkpoint).

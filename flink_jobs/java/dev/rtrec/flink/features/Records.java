@@ -18,10 +18,10 @@ import org.apache.flink.table.types.logical.VarBinaryType;
 import org.apache.flink.table.types.logical.VarCharType;
 
 /**
- * The operators' output: FeatureRecords and TrainingSamples as Avro bytes, each with its Kafka key
- * and the schema header, as the rows the topics' sinks take ({@link #ROW_TYPE}). The encoders write
- * the fields in the order of the .avsc files (schemas/ is their only copy), which the job passes in
- * and which are checked against what is written here when the job is built.
+ * The operators' output: FeatureRecords, TrainingSamples and TrainingSampleBlocks as Avro bytes, each
+ * with its Kafka key and the schema header, as the rows the topics' sinks take ({@link #ROW_TYPE}).
+ * The encoders write the fields in the order of the .avsc files (schemas/ is their only copy), which
+ * the job passes in and which are checked against what is written here when the job is built.
  */
 final class Records implements Serializable {
   private static final long serialVersionUID = 1L;

@@ -213,6 +213,7 @@ public final class UserStage extends KeyedProcessFunction<String, StagedEvent, R
         || (p.firstMs != p.timeMs && s.engaged(p.itemId, p.firstMs, p.firstMs + spec.attributionMs));
     History.Cut recent = lists()
         ? s.history.before(p.timeMs, spec.historyLength, spec.lookbackMs, now, spec.stateTtlMs) : History.Cut.EMPTY;
-    return new SampleRow(p.eventId, user, p.itemId, p.timeMs, label ? 1 : 0, vector, spec.featureSet, p.position, recent);
+    return new SampleRow(p.eventId, user, p.itemId, p.timeMs, label ? 1 : 0, vector, spec.featureSet, p.position,
+        recent);
   }
 }
