@@ -149,7 +149,7 @@ class AvroConsumer:
         return batch
 
     def _is_block(self, header: bytes | None) -> bool:
-        return self._blocks is not None and header is not None and header.startswith(b"TrainingSampleBlock:")
+        return self._blocks is not None and header is not None and header.startswith(_BLOCK_HEADER_PREFIX)
 
     def poll_columns(self, decoder: BulkDecoder, widths: Mapping[str, int], max_records: int = 5000,
                      timeout_s: float = 1.0, fill: bool = False) -> ConsumedBatch:
@@ -183,6 +183,7 @@ class AvroConsumer:
                               for v, h in zip(new_values, new_headers, strict=True)]
                     got += sum(counts)
                     self._most_per_message = max(self._most_per_message, *counts)
+                # without `fill` one round, but for a block-aware consumer's first, which took one message
                 if not fill and not (self._blocks is not None and len(messages) == 1 and got < max_records):
                     break
             # the last message of each partition gives its next offset: one dict entry per partition
@@ -196,15 +197,19 @@ class AvroConsumer:
                         widths: Mapping[str, int], messages: list[Message], rejected: list[Reject]) -> BulkDecoded:
         """Plain records in bulk, blocks one by one (each its columns), the samples back in message order."""
         blocks = [i for i, h in enumerate(headers) if self._is_block(h)] if self._blocks is not None else []
-        plain = np.setdiff1d(np.arange(len(values)), blocks, assume_unique=True) if blocks else None
-        if plain is not None and not len(plain):  # blocks only: no bulk pass over nothing
-            decoded, bad, parts, origin = None, [], [], []
+        if not blocks:
+            decoded = decoder.decode(values, headers, widths)
+            bad = list(decoded.rejected)
         else:
-            decoded = decoder.decode(values if plain is None else [values[i] for i in plain],
-                                     headers if plain is None else [headers[i] for i in plain], widths)
-            bad = [(i if plain is None else int(plain[i]), reason) for i, reason in decoded.rejected]
-            parts, origin = [decoded], [] if plain is None else [plain[decoded.rows]]
-        if blocks:
+            plain = np.setdiff1d(np.arange(len(values)), blocks, assume_unique=True)
+            parts: list[BulkDecoded] = []
+            origin: list[np.ndarray] = []  # each part's samples' message indices
+            bad = []
+            if len(plain):
+                part = decoder.decode([values[i] for i in plain], [headers[i] for i in plain], widths)
+                parts.append(part)
+                origin.append(plain[part.rows])
+                bad += [(int(plain[i]), reason) for i, reason in part.rejected]
             for i in blocks:
                 try:
                     block = self._blocks(values[i], headers[i])  # type: ignore[misc]
@@ -217,7 +222,6 @@ class AvroConsumer:
             if not parts:  # every block refused: the columns of no samples
                 parts, origin = [decoder.decode([], [], widths)], [np.zeros(0, dtype=np.int64)]
             decoded = _concat_decoded(parts, np.argsort(np.concatenate(origin), kind="stable"), sorted(bad))
-        assert decoded is not None
         for i, reason in sorted(bad):
             msg = messages[i]
             rejected.append(Reject(reason, msg.topic(), msg.partition(), msg.offset(),
@@ -238,6 +242,9 @@ class AvroConsumer:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+_BLOCK_HEADER_PREFIX = f"{BLOCK_SCHEMA}:".encode()  # any version of the block schema
 
 
 def _block_decoded(decoder: BulkDecoder, columns: dict[str, np.ndarray]) -> BulkDecoded:
