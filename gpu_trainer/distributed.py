@@ -61,6 +61,7 @@ class Round:
     rows: int | None = None  # how many samples it polled; None: len(batch)
     newest_ms: int | None = None  # the newest sample's event time; None: batch's
     behind: bool = False  # its partitions hold records it has not polled yet (a backlog)
+    publishing: bool = False  # a snapshot is still being written (rank 0's counts: a due one waits for it)
 
     def polled(self) -> tuple[int, int | None]:
         if self.rows is not None:
@@ -86,6 +87,7 @@ class Agreed:
     rows: int = 0  # every rank's samples
     newest_ms: int | None = None  # the newest of them
     behind: bool = False  # some rank still has a backlog
+    publishing: bool = False  # rank 0 is still writing a snapshot
 
 
 def combine(rounds: Sequence[Round]) -> Agreed:
@@ -112,7 +114,8 @@ def combine(rounds: Sequence[Round]) -> Agreed:
     newest = [t for _, t in polled if t is not None]
     return Agreed(Batch.concat([r.batch for r in rounds]), offsets, sum(r.dead_lettered for r in rounds),
                   min(r.idle_s for r in rounds), any(r.stop for r in rounds), rounds[0].snapshot_due,
-                  sum(n for n, _ in polled), max(newest) if newest else None, any(r.behind for r in rounds))
+                  sum(n for n, _ in polled), max(newest) if newest else None, any(r.behind for r in rounds),
+                  rounds[0].publishing)
 
 
 def process_group_backend(device: torch.device) -> str:

@@ -112,6 +112,11 @@ class SnapshotPublisher:
             self._error = exc
 
     @property
+    def writing(self) -> bool:
+        """Whether a publication's background steps are still running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
     def ready_to_finish(self) -> bool:
         """Whether a publication is under way and its background steps are done: `finish` would not wait."""
         return self._thread is not None and not self._thread.is_alive()
