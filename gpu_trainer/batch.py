@@ -10,23 +10,55 @@ import numpy as np
 import pandas as pd
 import torch
 
+from gpu_trainer.siphash import utf8_hashes
 from schemas.bulk import BulkDecoded
+from schemas.utf8_column import Utf8Column
 
 # Fixed 16-byte key: bucket ids must be the same in every process (training, scoring, ONNX callers).
 _HASH_KEY = "rtrec-id-hash-01"
 
 
-def hash_ids(ids: Sequence[str] | np.ndarray, distinct: bool = False) -> np.ndarray:
-    """Stable 64-bit hashes of string ids, vectorised (SipHash via pandas). Repeated ids (users, items)
-    are hashed once each; `distinct` ones (sample ids) directly, which skips the pass that finds the
-    repeats (2.7 times faster for 4,096 sample ids) and gives the same hashes.
+IdColumn = np.ndarray | Utf8Column  # ids as strings, or as a block's UTF-8 bytes
+
+
+def hash_ids(ids: Sequence[str] | IdColumn, distinct: bool = False) -> np.ndarray:
+    """Stable 64-bit hashes of string ids, vectorised (SipHash via pandas; the same hashes in numpy
+    for ids still in their UTF-8 bytes). Repeated ids (users, items) are hashed once each; `distinct`
+    ones (sample ids) directly, which skips the pass that finds the repeats (2.7 times faster for
+    4,096 sample ids) and gives the same hashes.
 
     >>> int(hash_ids(["u1"])[0]) == int(hash_ids(np.array(["u1"], dtype=object))[0])
     True
     >>> hash_ids(["s1", "s2"], distinct=True).tolist() == hash_ids(["s1", "s2"]).tolist()
     True
+    >>> hash_ids(Utf8Column.from_strings(["s1", "é"])).tolist() == hash_ids(["s1", "é"]).tolist()
+    True
     """
+    if isinstance(ids, Utf8Column):
+        return utf8_hashes(ids, _HASH_KEY)
     return pd.util.hash_array(np.asarray(ids, dtype=object), hash_key=_HASH_KEY, categorize=not distinct)
+
+
+def id_lengths(ids: IdColumn) -> np.ndarray:
+    """Each id's length in characters."""
+    if isinstance(ids, Utf8Column):
+        return ids.char_lengths()
+    return np.fromiter(map(len, ids), np.int64, len(ids))
+
+
+def _id_hashes(sample_ids: IdColumn, *repeating: IdColumn) -> list[np.ndarray]:
+    """hash_ids of each column; a block's id columns in one pass (a third of the time of one each)."""
+    columns = (sample_ids, *repeating)
+    if not all(isinstance(c, Utf8Column) for c in columns):
+        return [hash_ids(sample_ids, distinct=True), *(hash_ids(c) for c in repeating)]
+    hashes = hash_ids(Utf8Column.concat(columns))  # type: ignore[arg-type]
+    return np.split(hashes, np.cumsum([len(c) for c in columns[:-1]]))
+
+
+def _concat_ids(parts: Sequence[IdColumn]) -> IdColumn:
+    if all(isinstance(p, np.ndarray) for p in parts):
+        return np.concatenate(parts)
+    return Utf8Column.concat([p if isinstance(p, Utf8Column) else Utf8Column.from_strings(p) for p in parts])
 
 
 def bucket(ids: Sequence[str] | np.ndarray, n_buckets: int) -> np.ndarray:
@@ -98,6 +130,7 @@ class Batch:
 # the TrainingSample fields the columns are made of (HISTORY_SOURCES too, for a model that reads them)
 COLUMN_SOURCES = ("sample_id", "user_id", "item_id", "features", "label", "event_time", "feature_set")
 HISTORY_SOURCES = ("recent_items", "recent_types", "recent_ages_ms")
+ID_FIELDS = ("sample_id", "user_id", "item_id")
 _COLUMN_FIELDS = ("sample_id", "user_id", "item_id", "features", "feature_len", "label", "event_time_ms",
                   "feature_set", "history_hash", "history_type_hash", "history_age_ms", "history_len")
 # Bucket 0 of both means "not known" (a sample written before types and ages were, or a caller giving
@@ -169,9 +202,9 @@ def _ragged_field(records: Sequence[dict[str, Any]], name: str) -> tuple[np.ndar
 class Columns:
     """Column arrays of a set of samples, before hashing into buckets."""
 
-    sample_id: np.ndarray
-    user_id: np.ndarray
-    item_id: np.ndarray
+    sample_id: IdColumn
+    user_id: IdColumn
+    item_id: IdColumn
     features: np.ndarray  # float32 [B, F]; rows shorter than F are zero-padded
     feature_len: np.ndarray  # int64 [B], each record's own feature count
     label: np.ndarray
@@ -243,7 +276,8 @@ class Columns:
     def concat(cls, parts: Sequence[Columns]) -> Columns:
         """The rows of `parts`, in order (empty parts, whatever their width, add nothing)."""
         kept = [p for p in parts if len(p)] or list(parts[:1])
-        return cls(*(np.concatenate([getattr(p, f) for p in kept]) for f in _COLUMN_FIELDS))
+        return cls(*((_concat_ids if f in ID_FIELDS else np.concatenate)([getattr(p, f) for p in kept])
+                     for f in _COLUMN_FIELDS))
 
     def select(self, mask: np.ndarray) -> Columns:
         return Columns(*(getattr(self, f)[mask] for f in _COLUMN_FIELDS))
@@ -254,7 +288,7 @@ class Columns:
         return History(self.history_hash, self.history_type_hash, self.history_age_ms, self.history_len)
 
     def to_batch(self, user_buckets: int, item_buckets: int) -> Batch:
-        user_hash, item_hash = hash_ids(self.user_id), hash_ids(self.item_id)
+        sample_hash, user_hash, item_hash = _id_hashes(self.sample_id, self.user_id, self.item_id)
         history = self.history()
         inputs = history_inputs(history, item_buckets) if history.item_hash.shape[1] else (None, None, None)
         return Batch(
@@ -263,7 +297,7 @@ class Columns:
             dense=torch.from_numpy(np.ascontiguousarray(self.features, dtype=np.float32)),
             label=torch.from_numpy(np.ascontiguousarray(self.label, dtype=np.float32)),
             event_time_ms=torch.from_numpy(self.event_time_ms),
-            sample_hash=hash_ids(self.sample_id, distinct=True),
+            sample_hash=sample_hash,
             user_hash=user_hash,
             item_hash=item_hash,
             history_idx=inputs[0],

@@ -16,7 +16,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from core.group_watch import GroupWatch
 from core.kafka import cached_lag, ensure_topics, producer_config
 from core.settings import KafkaSettings, TrainerSettings
-from gpu_trainer.batch import COLUMN_SOURCES, HISTORY_SOURCES
+from gpu_trainer.batch import COLUMN_SOURCES, HISTORY_SOURCES, ID_FIELDS
 from gpu_trainer.distributed import Ranks
 from schemas.bulk import BulkDecoder
 from schemas.dead_letter import Reject, dead_letter
@@ -121,7 +121,9 @@ class KafkaSampleSource:
         # the service trains (or dead-letters) every batch before it polls again, and a rebalance
         # runs inside a poll: by then everything polled before is in the model
         try:
-            batch = self._consumer.poll_columns(self._decoder, self._widths, max_records, timeout_s, fill=True)
+            # a block's ids stay in its bytes: they are hashed there (gpu_trainer.siphash)
+            batch = self._consumer.poll_columns(self._decoder, self._widths, max_records, timeout_s, fill=True,
+                                                as_bytes=ID_FIELDS)
         except KafkaException as exc:
             if not (exc.args[0].fatal() or exc.args[0].code() == KafkaError._FATAL):  # a message's error: the code
                 raise

@@ -1,7 +1,7 @@
 """Which decoded samples may enter a micro-batch; the others become rejects with their reason.
 
 >>> import numpy as np
->>> from gpu_trainer.batch import Columns
+>>> from gpu_trainer.batch import Columns, id_lengths
 >>> cols = Columns.from_records([{"sample_id": "s1", "user_id": "u", "item_id": "i", "features": [1.0, 2.0],
 ...                               "label": 2.0, "event_time": 0, "feature_set": "v1"}])
 >>> mask, rejects = check_samples(cols, n_features=2, feature_set="v1", topic="t")
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpu_trainer.batch import Columns
+from gpu_trainer.batch import Columns, id_lengths
 from schemas.dead_letter import Reject
 
 
@@ -25,10 +25,9 @@ def check_samples(columns: Columns, n_features: int, feature_set: str, topic: st
     wrong_set = columns.feature_set != feature_set
     non_finite = ~np.isfinite(columns.features).all(axis=1) if len(columns) else np.zeros(0, dtype=bool)
     bad_label = ~np.isin(columns.label, (0.0, 1.0))
-    id_lengths = [np.fromiter(map(len, ids), np.int64, len(ids))
-                  for ids in (columns.sample_id, columns.user_id, columns.item_id)]
+    lengths_of_ids = [id_lengths(ids) for ids in (columns.sample_id, columns.user_id, columns.item_id)]
     bad_id = np.zeros(len(columns), dtype=bool)
-    for lengths in id_lengths:
+    for lengths in lengths_of_ids:
         bad_id |= (lengths == 0) | (lengths > max_id_length)
     bad = wrong_len | wrong_set | non_finite | bad_label | bad_id
     rejects = []
@@ -43,7 +42,7 @@ def check_samples(columns: Columns, n_features: int, feature_set: str, topic: st
             reason = f"label {columns.label[i]} is not 0 or 1"
         else:
             sizes = ", ".join(f"{name} {lengths[i]}" for name, lengths in zip(("sample id", "user id", "item id"),
-                                                                               id_lengths, strict=True))
+                                                                               lengths_of_ids, strict=True))
             reason = f"an id is empty or longer than {max_id_length} characters ({sizes})"
         sample = str(columns.sample_id[i])[:max_id_length]
         rejects.append(Reject(f"sample {sample}: {reason}", topic, key=sample_key(sample)))

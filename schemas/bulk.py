@@ -28,12 +28,15 @@ import operator
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from schemas.registry import schema
 from schemas.serde import Deserializer, SerdeError
+
+if TYPE_CHECKING:
+    from schemas.utf8_column import Utf8Column  # a block's ids (schemas.sample_blocks); imports this module
 
 _MAX_VARINT = 10  # bytes of a 64-bit varint
 _STEPS = np.arange(_MAX_VARINT, dtype=np.int64)
@@ -53,9 +56,10 @@ class BulkDecoded:
     own item count in `lengths[name]`; an array of strings or integers (any count per row) as the flat
     items of all rows in order, each row's count in `lengths[name]`; a nullable one of those (`["null",
     array]`) likewise, a null counting 0 items, and `present[name]` False for it. `rows`: each column row's
-    index in the input; `rejected`: (input index, reason) of the rows that could not be decoded."""
+    index in the input; `rejected`: (input index, reason) of the rows that could not be decoded. (Ids
+    read from TrainingSampleBlocks may be a Utf8Column instead: `AvroConsumer.poll_columns`.)"""
 
-    columns: dict[str, np.ndarray]
+    columns: dict[str, np.ndarray | Utf8Column]
     lengths: dict[str, np.ndarray]
     rows: np.ndarray
     rejected: list[tuple[int, str]]

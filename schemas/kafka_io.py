@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ from schemas.serde import (
     header_values,
     serializer,
 )
+from schemas.utf8_column import Utf8Column
 
 
 @dataclass
@@ -152,12 +153,14 @@ class AvroConsumer:
         return self._blocks is not None and header is not None and header.startswith(_BLOCK_HEADER_PREFIX)
 
     def poll_columns(self, decoder: BulkDecoder, widths: Mapping[str, int], max_records: int = 5000,
-                     timeout_s: float = 1.0, fill: bool = False) -> ConsumedBatch:
+                     timeout_s: float = 1.0, fill: bool = False, as_bytes: Collection[str] = ()) -> ConsumedBatch:
         """As `poll_batch`, decoded in bulk (schemas.bulk): the records come back as columns.
         `max_records` counts samples where messages are blocks of them: the poll stops at the first
         block that reaches it (a block is trained, and its offset passed, whole). It takes one message
         first, then as many as the largest message seen says are still wanted: a batch goes past
-        `max_records` by less than one block unless the blocks grow beyond any seen before."""
+        `max_records` by less than one block unless the blocks grow beyond any seen before. `as_bytes`:
+        ids to return as a Utf8Column each (see schemas.sample_blocks.block_columns), whenever blocks
+        are among what was polled."""
         with cyclic_gc_paused() as pause:
             deadline = time.monotonic() + timeout_s
             messages: list[Message] = []
@@ -189,12 +192,14 @@ class AvroConsumer:
             # the last message of each partition gives its next offset: one dict entry per partition
             last = {(msg.topic(), msg.partition()): msg for msg in messages}
             batch = ConsumedBatch([], [], {key: msg.offset() + 1 for key, msg in last.items()})
-            batch.columns = self._decode_columns(decoder, values, headers, widths, messages, batch.rejected)
+            batch.columns = self._decode_columns(decoder, values, headers, widths, messages, batch.rejected,
+                                                 as_bytes)
             del messages, last  # freed by reference counting while paused, so they set off no collection
         return batch
 
     def _decode_columns(self, decoder: BulkDecoder, values: list[bytes | None], headers: list[bytes | None],
-                        widths: Mapping[str, int], messages: list[Message], rejected: list[Reject]) -> BulkDecoded:
+                        widths: Mapping[str, int], messages: list[Message], rejected: list[Reject],
+                        as_bytes: Collection[str] = ()) -> BulkDecoded:
         """Plain records in bulk, blocks one by one (each its columns), the samples back in message order."""
         blocks = [i for i, h in enumerate(headers) if self._is_block(h)] if self._blocks is not None else []
         if not blocks:
@@ -213,7 +218,7 @@ class AvroConsumer:
             for i in blocks:
                 try:
                     block = self._blocks(values[i], headers[i])  # type: ignore[misc]
-                    part = _block_decoded(decoder, block_columns(block, widths.get("features"), decoder.keep))
+                    part = _block_decoded(decoder, block_columns(block, widths.get("features"), decoder.keep, as_bytes))
                 except SerdeError as exc:
                     bad.append((i, exc.reason))
                     continue
@@ -260,14 +265,20 @@ def _concat_decoded(parts: list[BulkDecoded], order: np.ndarray, rejected: list[
     """The rows of `parts` end to end, then in `order`; `rows` counts them (their messages' indices
     are no longer one to one)."""
     columns, lengths = {}, {}
+    rows = np.arange(len(order), dtype=np.int64)
+    in_order = bool((order == rows).all())  # blocks alone, or plain records after them
     for k in parts[0].lengths:
         lengths[k] = np.concatenate([p.lengths[k] for p in parts])
     for k, first in parts[0].columns.items():
-        both = np.concatenate([p.columns[k] for p in parts])
+        given = [p.columns[k] for p in parts]
+        if any(isinstance(g, Utf8Column) for g in given):  # blocks' ids beside plain records' strings
+            both = Utf8Column.concat([g if isinstance(g, Utf8Column) else Utf8Column.from_strings(g) for g in given])
+            columns[k] = both if in_order else both[order]
+            continue
+        both = np.concatenate(given)
         ragged = k in lengths and first.ndim == 1
-        columns[k] = take_ragged(both, lengths[k], order) if ragged else both[order]
-    return BulkDecoded(columns, {k: v[order] for k, v in lengths.items()}, np.arange(len(order), dtype=np.int64),
-                       rejected)
+        columns[k] = both if in_order else take_ragged(both, lengths[k], order) if ragged else both[order]
+    return BulkDecoded(columns, lengths if in_order else {k: v[order] for k, v in lengths.items()}, rows, rejected)
 
 
 def consume_until(consumer: AvroConsumer, n: int, timeout_s: float = 30.0) -> ConsumedBatch:

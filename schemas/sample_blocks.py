@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from schemas.serde import SerdeError
+from schemas.utf8_column import Utf8Column
 
 BLOCK_SCHEMA = "TrainingSampleBlock"
 _STRING_COLUMNS = (("sample_id", "sample_ids", "sample_id_ends"), ("user_id", "user_ids", "user_id_ends"),
@@ -81,9 +82,10 @@ def _numbers(block: Mapping[str, Any], field: str, dtype: str, count: int) -> np
     return np.frombuffer(raw, dtype=dtype).astype(dtype[1:] if dtype[0] == "<" else dtype)
 
 
-def _strings(block: Mapping[str, Any], values: str, ends_field: str, count: int, kept: bool = True) -> np.ndarray:
-    """The strings of a column as an object array (empty when not `kept`: only checked); a column that
-    does not fit its ends, or is not UTF-8 string by string, is refused."""
+def _strings(block: Mapping[str, Any], values: str, ends_field: str, count: int, kept: bool = True,
+             as_bytes: bool = False) -> np.ndarray | Utf8Column:
+    """The strings of a column as an object array (empty when not `kept`: only checked), or `as_bytes`
+    (a Utf8Column); a column that does not fit its ends, or is not UTF-8 string by string, is refused."""
     raw, ends = block[values], _numbers(block, ends_field, "<i4", count).astype(np.int64)
     starts = np.concatenate([[0], ends[:-1]])[:count]
     if count and ((ends < starts).any() or starts[0] < 0 or ends[-1] != len(raw)):
@@ -91,6 +93,11 @@ def _strings(block: Mapping[str, Any], values: str, ends_field: str, count: int,
                          f"into {count} strings")
     if not count and raw:
         raise SerdeError(f"TrainingSampleBlock: {values} holds {len(raw)} bytes for no strings")
+    if as_bytes:
+        column = Utf8Column(np.frombuffer(raw, dtype=np.uint8), ends)
+        if (error := column.utf8_error()) is not None:
+            raise SerdeError(f"TrainingSampleBlock: {values} is not UTF-8 ({error})")
+        return column
     ascii_only = raw.isascii()
     if ascii_only and not kept:
         return np.empty(0, dtype=object)
@@ -109,18 +116,19 @@ def _strings(block: Mapping[str, Any], values: str, ends_field: str, count: int,
 
 
 def block_columns(block: Mapping[str, Any], width: int | None = None,
-                  keep: Collection[str] | None = None) -> dict[str, np.ndarray]:
+                  keep: Collection[str] | None = None, as_bytes: Collection[str] = ()) -> dict[str, Any]:
     """The block's samples as TrainingSample columns (schemas.bulk's layout): ids, feature_set and recent
     strings as object arrays, event_time and label as int64, position as float64 (NaN: none), features
     as float32 [count, `width`] (cut or zero-padded; its own width in `feature_len`), the recent lists
     flat with each sample's count in `recent_count`. SerdeError names what does not fit. `keep`: the
-    string columns to return (default: all); the others are checked all the same, as schemas.bulk does."""
+    string columns to return (default: all); the others are checked all the same, as schemas.bulk does.
+    `as_bytes`: the kept ids (sample_id, user_id, item_id) to return as a Utf8Column each, not as strings."""
     count, own = block["count"], block["width"]
     if count < 0 or own < 0:
         raise SerdeError(f"TrainingSampleBlock: count {count} and width {own} must not be negative")
     out: dict[str, np.ndarray] = {}
     for field, values, ends in _STRING_COLUMNS:
-        out[field] = _strings(block, values, ends, count, keep is None or field in keep)
+        out[field] = _strings(block, values, ends, count, keep is None or field in keep, field in as_bytes)
     out["event_time"] = _numbers(block, "event_times", "<i8", count)
     out["label"] = _numbers(block, "labels", "i1", count).astype(np.int64)
     features = _numbers(block, "features", "<f4", count * own).reshape(count, own)

@@ -91,3 +91,35 @@ def test_any_damage_to_a_block_is_refused_as_undecodable_never_raised_otherwise(
             except SerdeError:
                 outcomes["refused"] += 1
     assert outcomes["refused"] > 100 and outcomes["samples"] > 10
+
+
+def test_ids_as_bytes_are_the_strings_and_are_refused_where_the_strings_are() -> None:
+    """The trainer takes a block's ids as their UTF-8 bytes (Utf8Column): the same strings, and a
+    column that is not UTF-8 string by string (a cut inside a character, invalid bytes) is refused
+    as it is when cut into strings."""
+    samples = make_samples(50, seed=4)
+    samples[3] = dict(samples[3], sample_id="ñ-3", user_id="üser", item_id="")
+    block = pack(samples)
+    ids = ("sample_id", "user_id", "item_id")
+    as_bytes, as_strings = block_columns(block, as_bytes=ids), block_columns(block)
+    for name in ids:
+        assert as_bytes[name].tolist() == as_strings[name].tolist() == [s[name] for s in samples]
+        assert as_bytes[name].char_lengths().tolist() == [len(s[name]) for s in samples]
+    rng = np.random.default_rng(5)
+    refused = 0
+    for _ in range(300):
+        field = str(rng.choice(["sample_ids", "user_ids", "item_ids", "sample_id_ends", "user_id_ends"]))
+        damaged = bytearray(block[field])
+        for at in rng.integers(0, len(damaged), rng.integers(1, 3)):
+            damaged[at] = int(rng.choice([0x80, 0xA9, 0xC3, 0xFF, int(rng.integers(0, 256))]))
+        changed = dict(block, **{field: bytes(damaged)})
+        outcomes = []
+        for kwargs in ({}, {"as_bytes": ids}):
+            try:
+                got = block_columns(changed, **kwargs)
+                outcomes.append([got[name].tolist() for name in ids])
+            except SerdeError as exc:
+                outcomes.append(exc.reason.split(" (")[0])
+        assert outcomes[0] == outcomes[1], (field, outcomes)
+        refused += isinstance(outcomes[0], str)
+    assert 50 < refused < 300
