@@ -76,9 +76,11 @@ class GroupWatch:
         self._asked_at = float("-inf")
         self._answers_without_it = 0
 
-    def left_behind(self, consumer: Consumer) -> bool:
+    def left_behind(self, consumer: Consumer, polled_records: bool = False) -> bool:
+        """`polled_records`: the consumer's last poll brought records, so it has partitions (asking it
+        for its assignment took 2 % of the trainer's time over a backlog)."""
         now = self._clock()
-        if consumer.assignment():
+        if polled_records or consumer.assignment():
             self._unassigned_since, self._answers_without_it = None, 0
             return False
         if self._unassigned_since is None:

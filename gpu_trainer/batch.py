@@ -279,8 +279,11 @@ class Columns:
         return cls(*((_concat_ids if f in ID_FIELDS else np.concatenate)([getattr(p, f) for p in kept])
                      for f in _COLUMN_FIELDS))
 
-    def select(self, mask: np.ndarray) -> Columns:
-        return Columns(*(getattr(self, f)[mask] for f in _COLUMN_FIELDS))
+    def select(self, rows: np.ndarray) -> Columns:
+        """The rows of a bool mask or of indices."""
+        if rows.dtype == bool and rows.all():  # the usual poll: every sample passed its checks
+            return self
+        return Columns(*(getattr(self, f)[rows] for f in _COLUMN_FIELDS))
 
     def history(self) -> History:
         assert self.history_hash is not None and self.history_type_hash is not None

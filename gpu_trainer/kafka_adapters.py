@@ -130,7 +130,7 @@ class KafkaSampleSource:
             self._join_again(exc)
             return ConsumedBatch([], [], {})
         self.start_offsets.update(batch.offsets)
-        if self.ranks is None and self._membership.left_behind(self._consumer.raw):
+        if self.ranks is None and self._membership.left_behind(self._consumer.raw, bool(batch.offsets)):
             log.warning("the group %s has settled without the samples consumer, which has had no partitions for "
                         "%.0f s and no error: a new consumer joins from the samples polled last",
                         self._membership.group_id, self._membership.unassigned_for())
