@@ -1,7 +1,7 @@
 """Which decoded samples may enter a micro-batch; the others become rejects with their reason.
 
 >>> import numpy as np
->>> from gpu_trainer.batch import Columns, id_lengths
+>>> from gpu_trainer.batch import Columns
 >>> cols = Columns.from_records([{"sample_id": "s1", "user_id": "u", "item_id": "i", "features": [1.0, 2.0],
 ...                               "label": 2.0, "event_time": 0, "feature_set": "v1"}])
 >>> mask, rejects = check_samples(cols, n_features=2, feature_set="v1", topic="t")
@@ -15,6 +15,7 @@ import numpy as np
 
 from gpu_trainer.batch import Columns, id_lengths
 from schemas.dead_letter import Reject
+from schemas.utf8_column import Utf8Column
 
 
 def check_samples(columns: Columns, n_features: int, feature_set: str, topic: str,
@@ -25,11 +26,17 @@ def check_samples(columns: Columns, n_features: int, feature_set: str, topic: st
     wrong_set = columns.feature_set != feature_set
     non_finite = ~np.isfinite(columns.features).all(axis=1) if len(columns) else np.zeros(0, dtype=bool)
     bad_label = ~np.isin(columns.label, (0.0, 1.0))
-    lengths_of_ids = [id_lengths(ids) for ids in (columns.sample_id, columns.user_id, columns.item_id)]
+    ids = (columns.sample_id, columns.user_id, columns.item_id)
     bad_id = np.zeros(len(columns), dtype=bool)
-    for lengths in lengths_of_ids:
+    for column in ids:
+        # a block's ids counted in bytes decide alike (a character takes one byte or more) unless one
+        # has more bytes than characters allowed; counting characters took half of these checks
+        lengths = column.byte_lengths() if isinstance(column, Utf8Column) else id_lengths(column)
+        if isinstance(column, Utf8Column) and (lengths > max_id_length).any():
+            lengths = id_lengths(column)
         bad_id |= (lengths == 0) | (lengths > max_id_length)
     bad = wrong_len | wrong_set | non_finite | bad_label | bad_id
+    lengths_of_ids = [id_lengths(column) for column in ids] if bad_id.any() else []
     rejects = []
     for i in np.flatnonzero(bad):
         if wrong_len[i]:

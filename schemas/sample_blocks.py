@@ -95,7 +95,7 @@ def _strings(block: Mapping[str, Any], values: str, ends_field: str, count: int,
         raise SerdeError(f"TrainingSampleBlock: {values} holds {len(raw)} bytes for no strings")
     if as_bytes:
         column = Utf8Column(np.frombuffer(raw, dtype=np.uint8), ends)
-        if (error := column.utf8_error()) is not None:
+        if not raw.isascii() and (error := column.utf8_error()) is not None:
             raise SerdeError(f"TrainingSampleBlock: {values} is not UTF-8 ({error})")
         return column
     ascii_only = raw.isascii()
