@@ -47,7 +47,7 @@ def id_lengths(ids: IdColumn) -> np.ndarray:
 
 
 def _id_hashes(sample_ids: IdColumn, *repeating: IdColumn) -> list[np.ndarray]:
-    """hash_ids of each column; a block's id columns in one pass (a third of the time of one each)."""
+    """hash_ids of each column; a block's id columns in one pass (fewer numpy calls than one a column)."""
     columns = (sample_ids, *repeating)
     if not all(isinstance(c, Utf8Column) for c in columns):
         return [hash_ids(sample_ids, distinct=True), *(hash_ids(c) for c in repeating)]

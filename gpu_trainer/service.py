@@ -334,9 +334,9 @@ class TrainerService:
     def _snapshot_due(self, agreed: Agreed) -> bool:
         """After a round: its sample count is every rank's; the clock and the publication under way that
         count are rank 0's, read as the round began, so all ranks decide alike. A snapshot due while the
-        last one is still being written waits for it, training on: waiting for the disk held training
-        for 1.7 of 7.6 s over a backlog (a snapshot every 100,000 samples), and the next one holds
-        the samples trained meanwhile."""
+        last one is still being written waits for that write, and training goes on (waiting for the
+        disk held training for 1.7 of 7.6 s over a backlog, a snapshot every 100,000 samples); the next
+        one holds the samples trained meanwhile."""
         return self._dirty and not agreed.publishing and (
             self._since_snapshot >= self.cfg.snapshot_every_samples or agreed.snapshot_due)
 
