@@ -47,22 +47,23 @@ def _sip_rounds(v0: np.ndarray, v1: np.ndarray, v2: np.ndarray, v3: np.ndarray, 
         _rotate(v2, 32, scratch)
 
 
-def _siphash_blocks(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, blocks: int, key: bytes) -> np.ndarray:
-    """SipHash-2-4 of strings that all take `blocks` 8-byte words (the last holding the length)."""
+_TAIL_MASKS = np.array([(1 << (8 * r)) - 1 for r in range(8)], dtype=np.uint64)
+
+
+def _siphash_blocks(words_at: np.ndarray, starts: np.ndarray, lengths: np.ndarray, blocks: int,
+                    key: bytes) -> np.ndarray:
+    """SipHash-2-4 of strings that all take `blocks` 8-byte words (the last: their 0-7 bytes left and
+    the length). `words_at[i]`: the 8 bytes from byte i on, as a little-endian word."""
     k0, k1 = (np.uint64(k) for k in np.frombuffer(key, dtype="<u8"))
-    offsets = starts[:, None] + np.arange(8 * blocks)
-    outside = offsets >= ends[:, None]
-    np.minimum(offsets, max(len(data) - 1, 0), out=offsets)
-    padded = data[offsets] if len(data) else np.zeros(offsets.shape, dtype=np.uint8)
-    padded[outside] = 0
-    words = padded.view("<u8")  # [n, blocks]
-    words[:, -1] |= ((ends - starts).astype(np.uint64) & np.uint64(0xFF)) << np.uint64(56)
     n = len(starts)
     v0, v2 = np.full(n, k0 ^ np.uint64(_INIT[0])), np.full(n, k0 ^ np.uint64(_INIT[2]))
     v1, v3 = np.full(n, k1 ^ np.uint64(_INIT[1])), np.full(n, k1 ^ np.uint64(_INIT[3]))
     scratch = np.empty(n, dtype=np.uint64)
     for j in range(blocks):
-        word = words[:, j]
+        word = words_at[starts + 8 * j]
+        if j == blocks - 1:
+            word &= _TAIL_MASKS[lengths - 8 * j]
+            word |= (lengths.astype(np.uint64) & np.uint64(0xFF)) << np.uint64(56)
         v3 ^= word
         _sip_rounds(v0, v1, v2, v3, scratch, 2)
         v0 ^= word
@@ -77,20 +78,25 @@ def _siphash_blocks(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, bloc
 def utf8_hashes(column: Utf8Column, key: str) -> np.ndarray:
     """pandas' `hash_array(strings, hash_key=key)` of the column's strings: SipHash-2-4 of each one's
     UTF-8 bytes under the 16-byte `key`, then pandas' mixing of the 64 bits. Strings of as many
-    8-byte words are hashed together (ids of one kind mostly have one length)."""
+    8-byte words are hashed together (ids of one kind mostly have one length); each word is read where
+    it lies, no copy of the strings padded to a width."""
     raw_key = key.encode("utf-8")
     if len(raw_key) != 16:
         raise ValueError(f"a SipHash key is 16 bytes, not {len(raw_key)}")
-    starts, ends = column.starts, column.ends
-    blocks = (ends - starts) // 8 + 1
+    lengths = column.byte_lengths()
+    starts = column.ends - lengths
+    # a word from every byte on (unaligned, overlapping), over the bytes and 8 zeros after them
+    padded = np.concatenate([column.data, np.zeros(8, dtype=np.uint8)])
+    words_at = np.ndarray((len(column.data) + 1,), dtype="<u8", buffer=padded, strides=(1,))
+    blocks = lengths // 8 + 1
     counts = np.unique(blocks)
     if len(counts) == 1:
-        out = _siphash_blocks(column.data, starts, ends, int(counts[0]), raw_key)
+        out = _siphash_blocks(words_at, starts, lengths, int(counts[0]), raw_key)
     else:
         out = np.empty(len(column), dtype=np.uint64)
         for count in counts:
             rows = np.flatnonzero(blocks == count)
-            out[rows] = _siphash_blocks(column.data, starts[rows], ends[rows], int(count), raw_key)
+            out[rows] = _siphash_blocks(words_at, starts[rows], lengths[rows], int(count), raw_key)
     out ^= out >> np.uint64(30)
     out *= np.uint64(0xBF58476D1CE4E5B9)
     out ^= out >> np.uint64(27)
