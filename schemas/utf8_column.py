@@ -71,7 +71,7 @@ class Utf8Column:
     def __len__(self) -> int:
         return len(self.ends)
 
-    def __getitem__(self, key: int | slice | np.ndarray) -> str | Utf8Column:  # type: ignore[override]
+    def __getitem__(self, key: int | slice | np.ndarray) -> str | Utf8Column:
         if isinstance(key, int | np.integer):
             k = range(len(self))[key]
             return bytes(self.data[int(self.ends[k - 1]) if k else 0:int(self.ends[k])]).decode("utf-8")
