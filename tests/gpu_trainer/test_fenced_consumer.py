@@ -113,7 +113,7 @@ def test_a_consumer_its_group_left_behind_is_replaced_from_the_samples_polled_la
     produce_samples(s, before + after)
     verdicts = [True]
 
-    def forced_once(watch: GroupWatch, consumer: object) -> bool:
+    def forced_once(watch: GroupWatch, consumer: object, polled_records: bool = False) -> bool:
         return bool(armed and verdicts and verdicts.pop())
 
     armed: list[bool] = []
