@@ -12,7 +12,7 @@ import torch
 
 from gpu_trainer.siphash import utf8_hashes
 from schemas.bulk import BulkDecoded
-from schemas.utf8_column import Utf8Column
+from schemas.utf8_column import Utf8Column, concat_columns
 
 # Fixed 16-byte key: bucket ids must be the same in every process (training, scoring, ONNX callers).
 _HASH_KEY = "rtrec-id-hash-01"
@@ -53,12 +53,6 @@ def _id_hashes(sample_ids: IdColumn, *repeating: IdColumn) -> list[np.ndarray]:
         return [hash_ids(sample_ids, distinct=True), *(hash_ids(c) for c in repeating)]
     hashes = hash_ids(Utf8Column.concat(columns))  # type: ignore[arg-type]
     return np.split(hashes, np.cumsum([len(c) for c in columns[:-1]]))
-
-
-def _concat_ids(parts: Sequence[IdColumn]) -> IdColumn:
-    if all(isinstance(p, np.ndarray) for p in parts):
-        return np.concatenate(parts)
-    return Utf8Column.concat([p if isinstance(p, Utf8Column) else Utf8Column.from_strings(p) for p in parts])
 
 
 def bucket(ids: Sequence[str] | np.ndarray, n_buckets: int) -> np.ndarray:
@@ -276,8 +270,7 @@ class Columns:
     def concat(cls, parts: Sequence[Columns]) -> Columns:
         """The rows of `parts`, in order (empty parts, whatever their width, add nothing)."""
         kept = [p for p in parts if len(p)] or list(parts[:1])
-        return cls(*((_concat_ids if f in ID_FIELDS else np.concatenate)([getattr(p, f) for p in kept])
-                     for f in _COLUMN_FIELDS))
+        return cls(*(concat_columns([getattr(p, f) for p in kept]) for f in _COLUMN_FIELDS))
 
     def select(self, rows: np.ndarray) -> Columns:
         """The rows of a bool mask or of indices."""

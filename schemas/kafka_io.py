@@ -38,7 +38,7 @@ from schemas.serde import (
     header_values,
     serializer,
 )
-from schemas.utf8_column import Utf8Column
+from schemas.utf8_column import concat_columns
 
 
 @dataclass
@@ -266,18 +266,17 @@ def _concat_decoded(parts: list[BulkDecoded], order: np.ndarray, rejected: list[
     are no longer one to one)."""
     columns, lengths = {}, {}
     rows = np.arange(len(order), dtype=np.int64)
-    in_order = bool((order == rows).all())  # blocks alone, or plain records after them
+    in_order = bool((order == rows).all())  # blocks alone, or every plain record before the blocks
     for k in parts[0].lengths:
         lengths[k] = np.concatenate([p.lengths[k] for p in parts])
     for k, first in parts[0].columns.items():
-        given = [p.columns[k] for p in parts]
-        if any(isinstance(g, Utf8Column) for g in given):  # blocks' ids beside plain records' strings
-            both = Utf8Column.concat([g if isinstance(g, Utf8Column) else Utf8Column.from_strings(g) for g in given])
-            columns[k] = both if in_order else both[order]
-            continue
-        both = np.concatenate(given)
-        ragged = k in lengths and first.ndim == 1
-        columns[k] = both if in_order else take_ragged(both, lengths[k], order) if ragged else both[order]
+        both = concat_columns([p.columns[k] for p in parts])
+        if in_order:
+            columns[k] = both
+        elif k in lengths and first.ndim == 1:  # a ragged column's items
+            columns[k] = take_ragged(both, lengths[k], order)
+        else:
+            columns[k] = both[order]
     return BulkDecoded(columns, lengths if in_order else {k: v[order] for k, v in lengths.items()}, rows, rejected)
 
 

@@ -9,6 +9,8 @@ where one is asked for: an item (`column[i]`), iteration, `strings()`.
 (3, 'é2', ['é2', 's1'], [2, 0, 2])
 >>> Utf8Column.concat([ids[:1], Utf8Column.from_strings(["x"])]).strings().tolist()
 ['s1', 'x']
+>>> concat_columns([ids[:1], np.array(["x"], dtype=object)]).tolist(), concat_columns([np.array([1]), np.array([2])])
+(['s1', 'x'], array([1, 2]))
 >>> Utf8Column(np.frombuffer("é".encode(), np.uint8), np.array([1, 2])).utf8_error()
 'a string starts inside a character'
 """
@@ -96,3 +98,11 @@ class Utf8Column:
         out = np.empty(len(cut), dtype=object)
         out[:] = cut
         return out
+
+
+def concat_columns(parts: Sequence[np.ndarray | Utf8Column]) -> np.ndarray | Utf8Column:
+    """Columns end to end: numpy arrays as `np.concatenate` makes them; with a Utf8Column among them
+    (a poll's blocks beside plain records), one Utf8Column, the strings encoded to join it."""
+    if all(isinstance(p, np.ndarray) for p in parts):
+        return np.concatenate(parts)
+    return Utf8Column.concat([p if isinstance(p, Utf8Column) else Utf8Column.from_strings(p) for p in parts])
